@@ -1,0 +1,5 @@
+import sys
+
+from kvsweep.cli import main
+
+sys.exit(main())

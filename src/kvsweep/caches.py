@@ -1,0 +1,85 @@
+"""The one registry of KV cache strategies.
+
+A name maps to how `generate` is asked for the strategy, what the strategy needs to run, and how
+its memory is stored, so the planner, the runner and the estimates read the same facts.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+RESERVE_SEPARATOR = "@"
+
+
+@dataclass(frozen=True)
+class CacheStrategy:
+    name: str
+    implementation: str | None  # `cache_implementation` for generate; None means use_cache=False
+    needs_cuda: bool = False
+    needs_package: str | None = None  # importable module the strategy needs
+    backend: str | None = None  # quantized backend name for `cache_config`
+    nbits: int | None = None
+    preallocates: bool = False  # static layout: the cache is allocated at its full length up front
+    reserve_tokens: int | None = None  # static@N: tokens reserved whatever the request needs
+
+    @property
+    def compilable(self) -> bool:
+        return self.preallocates
+
+    @property
+    def base_name(self) -> str:
+        return self.name.split(RESERVE_SEPARATOR, 1)[0]
+
+    def generation_options(self) -> dict[str, Any]:
+        """Fresh `GenerationConfig` fields for one call (generate mutates `cache_config` in place)."""
+        if self.implementation is None:
+            return {"use_cache": False}
+        kwargs: dict[str, Any] = {"cache_implementation": self.implementation}
+        if self.backend is not None:
+            kwargs["cache_config"] = {"backend": self.backend, "nbits": self.nbits}
+        if self.reserve_tokens is not None:
+            kwargs["max_cache_len"] = self.reserve_tokens
+        return kwargs
+
+
+_BASE: dict[str, CacheStrategy] = {
+    s.name: s
+    for s in [
+        CacheStrategy("dynamic", "dynamic"),
+        CacheStrategy("static", "static", preallocates=True),
+        CacheStrategy("offloaded", "offloaded", needs_cuda=True),
+        CacheStrategy("offloaded_static", "offloaded_static", needs_cuda=True, preallocates=True),
+        CacheStrategy(
+            "quantized-quanto-int2", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=2
+        ),
+        CacheStrategy(
+            "quantized-quanto-int4", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=4
+        ),
+        CacheStrategy("quantized-hqq-int2", "quantized", needs_package="hqq", backend="hqq", nbits=2),
+        CacheStrategy("quantized-hqq-int4", "quantized", needs_package="hqq", backend="hqq", nbits=4),
+        CacheStrategy("quantized-hqq-int8", "quantized", needs_package="hqq", backend="hqq", nbits=8),
+        CacheStrategy("no_cache", None),
+    ]
+}
+
+CACHE_NAMES: tuple[str, ...] = tuple(_BASE)
+RESERVABLE: tuple[str, ...] = tuple(n for n, s in _BASE.items() if s.preallocates)
+# Tokens each quantized layer keeps unquantized before flushing them into the packed store
+# (transformers' QuantizedLayer default `residual_length`).
+QUANTIZED_RESIDUAL_TOKENS = 128
+QUANTIZED_GROUP_SIZE = 64
+
+
+def allowed_cache_names() -> str:
+    reserved = ", ".join(f"{n}{RESERVE_SEPARATOR}N" for n in RESERVABLE)
+    return ", ".join(CACHE_NAMES) + f" (and {reserved} to reserve N tokens)"
+
+
+def get_strategy(name: str) -> CacheStrategy:
+    """Look a cache name up; raises KeyError with the allowed names when it is unknown."""
+    base, sep, reserve = name.partition(RESERVE_SEPARATOR)
+    strategy = _BASE.get(base)
+    if strategy is None or (sep and (base not in RESERVABLE or not reserve.isdigit() or int(reserve) <= 0)):
+        raise KeyError(f"unknown cache {name!r}; allowed: {allowed_cache_names()}")
+    if not sep:
+        return strategy
+    return CacheStrategy(**{**strategy.__dict__, "name": name, "reserve_tokens": int(reserve)})

@@ -1,0 +1,62 @@
+"""`python -m kvsweep [overrides...]`, `... report`, `... sync`: exit 0 ok, 1 some cells failed, 2 bad input."""
+
+import sys
+
+from kvsweep.errors import ClusterError, ConfigError
+
+USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep (default: quickstart)
+       python -m kvsweep dry_run=true [...]              print the grid and plan, start nothing
+       python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's results table from MLflow
+
+Config keys (Hydra overrides), e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]:
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        print(USAGE + config_help())
+        return 0
+    if args and args[0] == "report":
+        from kvsweep.report_cli import report_main
+
+        return report_main(args[1:])
+    try:
+        return run(args)
+    except ConfigError as exc:
+        print(f"kvsweep: config error: {exc}", file=sys.stderr)
+        return 2
+    except ClusterError as exc:
+        print(f"kvsweep: cluster error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(overrides: list[str]) -> int:
+    from kvsweep.config.compose import compose_config, save_run_config
+    from kvsweep.sweep import dry_run, run_sweep
+
+    composed = compose_config(overrides)
+    if composed.config["dry_run"]:
+        return dry_run(composed.config)
+    save_run_config(composed)
+    return run_sweep(composed.config, composed.yaml, composed.run_dir)
+
+
+def config_help() -> str:
+    import dataclasses
+
+    from kvsweep.config.schema import KvSweepConfig
+
+    lines = []
+
+    def walk(node: type, prefix: str) -> None:
+        for f in dataclasses.fields(node):
+            factory = f.default_factory
+            if dataclasses.is_dataclass(factory):
+                walk(factory, f"{prefix}{f.name}.")
+            else:
+                default = f.default if f.default is not dataclasses.MISSING else factory()
+                lines.append(f"  {prefix}{f.name:<22} {f.metadata.get('help', '')} (default {default})")
+
+    walk(KvSweepConfig, "")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Compose the sweep config with Hydra (primary config + `+sweep=NAME` + overrides) and validate it.
+
+Composition goes through Hydra's compose API rather than `@hydra.main` so every config mistake
+becomes one clear line and exit code 2 before Ray starts. The run folder follows `hydra.run.dir`
+(default `outputs/DATE/TIME`), with the composed config saved in it as Hydra would.
+"""
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from kvsweep.config.locations import conf_dir, sweep_dirs
+from kvsweep.config.schema import KvSweepConfig, register_schema
+from kvsweep.config.validate import validate
+from kvsweep.errors import ConfigError
+
+PRIMARY = "kvsweep"
+DEFAULT_SWEEP = "quickstart"
+
+
+def register_sweeps() -> list[str]:
+    """Every `*.yaml` in the sweep folders becomes option `sweep=<stem>` (bundled first; user folders win)."""
+    store = ConfigStore.instance()
+    names = []
+    for folder in sweep_dirs():
+        if not folder.is_dir():
+            raise ConfigError(f"sweep folder {folder} does not exist (from KVSWEEP_SWEEPS_PATH)")
+        for path in sorted(folder.glob("*.yaml")):
+            try:
+                node = OmegaConf.load(path)
+            except Exception as exc:
+                raise ConfigError(f"sweep file {path} is not valid YAML: {_first_line(exc)}") from None
+            store.store(group="sweep", name=path.stem, node=node, package="_global_")
+            names.append(path.stem)
+    return names
+
+
+def with_default_sweep(overrides: list[str]) -> list[str]:
+    chosen = any(o.lstrip("+~").split("=", 1)[0] == "sweep" for o in overrides)
+    return overrides if chosen else [f"+sweep={DEFAULT_SWEEP}", *overrides]
+
+
+@dataclasses.dataclass
+class Composed:
+    config: dict[str, Any]  # plain, resolved, validated
+    yaml: str
+    run_dir: Path
+    overrides: list[str]
+
+
+def compose_config(overrides: list[str]) -> Composed:
+    register_schema()
+    sweeps = register_sweeps()
+    overrides = with_default_sweep(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="kvsweep"):
+            cfg = compose(config_name=PRIMARY, overrides=overrides, return_hydra_config=True)
+            run_dir = Path(str(cfg.hydra.run.dir))
+            OmegaConf.set_struct(cfg, False)
+            cfg.pop("hydra")
+            plain = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(describe_error(exc, sweeps)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    validate(plain)
+    return Composed(plain, OmegaConf.to_yaml(OmegaConf.create(plain)), run_dir, overrides)
+
+
+def describe_error(exc: BaseException, sweeps: list[str]) -> str:
+    """One line from Hydra/OmegaConf's multi-line errors: what was wrong and what is allowed."""
+    text = str(exc)
+    if "sweep" in text and ("Could not find" in text or "Could not load" in text):
+        return f"unknown sweep; available: {', '.join(sorted(set(sweeps)))}"
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        key = getattr(cause, "full_key", None) or ""
+        message = _first_line(cause)
+        if "not in" in message or "is not in struct" in message:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            return f"unknown config key '{key}'; allowed keys{f' under {parent}' if parent else ''}: {allowed_keys(parent)}"
+        if key.startswith("grid.") and "ListConfig" in message:
+            return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
+        return f"{key}: {message}" if key else message
+    return _first_line(exc)
+
+
+def allowed_keys(prefix: str) -> str:
+    node: Any = KvSweepConfig
+    for part in [p for p in prefix.split(".") if p]:
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
+            return "?"
+        node = fields[part].default_factory
+    return ", ".join(f.name for f in dataclasses.fields(node))
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def save_run_config(composed: Composed) -> None:
+    """Like Hydra's own `.hydra/` folder: what was asked and what it resolved to."""
+    hydra_dir = composed.run_dir / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    (hydra_dir / "config.yaml").write_text(composed.yaml)
+    (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(composed.overrides)))

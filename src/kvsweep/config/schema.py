@@ -1,0 +1,84 @@
+"""The structured config schema: every key a user can set, with its type, default and help.
+
+Registered in Hydra's ConfigStore so composition rejects unknown keys and wrong types; value checks
+(allowed names, ranges) live in `validate.py`.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+def _help(default: Any, text: str, **kw: Any) -> Any:
+    if callable(default):
+        return field(default_factory=default, metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text}, **kw)
+
+
+@dataclass
+class GridConfig:
+    models: list[str] = _help(lambda: ["tiny-llama"], "model references: preset name, local path or Hub id")
+    dtypes: list[str] = _help(lambda: ["float32"], "float32, float16, bfloat16")
+    context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens")
+    batch_sizes: list[int] = _help(lambda: [1], "batch sizes")
+    max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)")
+    caches: list[str] = _help(
+        lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens"
+    )
+    compile: list[bool] = _help(lambda: [False], "compile the forward (static strategies only)")
+
+
+@dataclass
+class MeasureConfig:
+    warmup: int = _help(1, "uncounted runs after the cold first call")
+    repeats: int = _help(3, "measured runs behind each median")
+    seed: int = _help(0, "seed for random weights and input ids")
+    threads: int = _help(0, "torch intra-op threads in a cell; 0 = every core the cell process may use")
+
+
+@dataclass
+class RayConfig:
+    address: str = _help("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
+    gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA")
+    cpus_per_cell: int = _help(1, "CPUs Ray reserves per cell")
+    max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
+    cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
+    max_retries: int = _help(1, "retries of a crashed cell, each in a fresh actor")
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = _help("", "empty: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db")
+    experiment: str = _help("kvsweep", "MLflow experiment for the sweep's runs")
+
+
+@dataclass
+class FaultConfig:
+    """Test-only seam: inject a fault into matching cells from inside `generate`."""
+
+    match: dict[str, Any] = _help(dict, "cell fields that select cells, e.g. {cache: static}")
+    fault: str = _help("error", "oom | error | hang | exit")
+
+
+@dataclass
+class TestingConfig:
+    faults: list[FaultConfig] = _help(list, "test-only fault injection; leave empty")
+
+
+@dataclass
+class KvSweepConfig:
+    name: str = _help("quickstart", "sweep name")
+    grid: GridConfig = field(default_factory=GridConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    device: str = _help("auto", "auto, cuda or cpu")
+    trust_remote_code: bool = _help(False, "allow Hub models' own code (off unless you turn it on)")
+    dry_run: bool = _help(False, "print the grid and plan, start nothing")
+    ray: RayConfig = field(default_factory=RayConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    testing: TestingConfig = field(default_factory=TestingConfig)
+
+
+def register_schema() -> None:
+    """Make `kvsweep_schema` available as the base of the primary config."""
+    ConfigStore.instance().store(name="kvsweep_schema", node=KvSweepConfig)

@@ -1,0 +1,58 @@
+"""Value checks the schema's types cannot express; each failure is one line naming the key."""
+
+from typing import Any
+
+from kvsweep.caches import allowed_cache_names, get_strategy
+from kvsweep.errors import ConfigError
+from kvsweep.faults import FAULTS
+from kvsweep.models.build import DTYPES
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def validate(cfg: dict[str, Any]) -> None:
+    grid = cfg["grid"]
+    for key, values in grid.items():
+        if not values:
+            raise ConfigError(f"grid.{key} is empty; give at least one value")
+    for i, name in enumerate(grid["caches"]):
+        try:
+            get_strategy(name)
+        except KeyError:
+            raise ConfigError(
+                f"grid.caches[{i}]: unknown cache {name!r}; allowed: {allowed_cache_names()}"
+            ) from None
+    for i, dtype in enumerate(grid["dtypes"]):
+        if dtype not in DTYPES:
+            raise ConfigError(f"grid.dtypes[{i}]: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    for key in ("context_lengths", "batch_sizes", "max_new_tokens"):
+        for i, value in enumerate(grid[key]):
+            if value <= 0:
+                raise ConfigError(f"grid.{key}[{i}] must be a positive integer, got {value}")
+    for i, model in enumerate(grid["models"]):
+        if not str(model).strip():
+            raise ConfigError(f"grid.models[{i}] is empty; give a preset name, a local path or a Hub id")
+    if cfg["device"] not in DEVICES:
+        raise ConfigError(f"device: unknown device {cfg['device']!r}; allowed: {', '.join(DEVICES)}")
+    _at_least("measure.repeats", cfg["measure"]["repeats"], 1)
+    _at_least("measure.warmup", cfg["measure"]["warmup"], 0)
+    _at_least("measure.threads", cfg["measure"]["threads"], 0)
+    ray = cfg["ray"]
+    _at_least("ray.gpus_per_cell", ray["gpus_per_cell"], 1)
+    _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 1)
+    _at_least("ray.max_concurrent", ray["max_concurrent"], 0)
+    _at_least("ray.max_retries", ray["max_retries"], 0)
+    if ray["cell_timeout_s"] <= 0:
+        raise ConfigError(f"ray.cell_timeout_s must be positive, got {ray['cell_timeout_s']}")
+    if not cfg["mlflow"]["experiment"].strip():
+        raise ConfigError("mlflow.experiment is empty; give an experiment name")
+    for i, fault in enumerate(cfg["testing"]["faults"]):
+        if fault["fault"] not in FAULTS:
+            raise ConfigError(
+                f"testing.faults[{i}].fault: unknown fault {fault['fault']!r}; allowed: {', '.join(FAULTS)}"
+            )
+
+
+def _at_least(key: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"{key} must be >= {minimum}, got {value}")

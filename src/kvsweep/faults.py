@@ -1,0 +1,40 @@
+"""Test-only fault injection, selected by config (`testing.faults`).
+
+A fault fires from inside `generate` (as a logits processor on the first new token), so the error
+travels the same path a real one would: a real `torch.OutOfMemoryError`, a real hang, a real
+process exit. With no faults configured nothing here runs.
+"""
+
+import os
+import time
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+FAULTS = ("oom", "error", "hang", "exit")
+
+
+def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]]) -> str | None:
+    """The first fault whose `match` fields all equal the cell's."""
+    for fault in faults:
+        if all(str(cell.get(key)) == str(value) for key, value in fault.get("match", {}).items()):
+            return fault["fault"]
+    return None
+
+
+class InjectFault(LogitsProcessor):
+    def __init__(self, fault: str) -> None:
+        self.fault = fault
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by test)")
+        if self.fault == "error":
+            raise ValueError("injected error")
+        if self.fault == "hang":
+            while True:
+                time.sleep(1)
+        if self.fault == "exit":
+            os._exit(17)
+        return scores

@@ -1,0 +1,90 @@
+"""Grid expansion: the cartesian product of the config's axes, as plain `Cell` values."""
+
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvsweep.caches import get_strategy
+
+CELL_FIELDS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid point: everything that decides what is measured."""
+
+    model: str
+    dtype: str
+    context_length: int
+    batch_size: int
+    max_new_tokens: int
+    cache: str
+    compile: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def label(self) -> str:
+        compiled = " compiled" if self.compile else ""
+        return (
+            f"{self.model} {self.dtype} ctx={self.context_length} bs={self.batch_size} "
+            f"new={self.max_new_tokens} {self.cache}{compiled}"
+        )
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens whose K/V the cache holds after generation (the last token's is never computed)."""
+        return self.context_length + self.max_new_tokens - 1
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How every cell of a sweep is measured; part of each cell's identity."""
+
+    warmup: int
+    repeats: int
+    seed: int
+    device: str
+    threads: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cell_id(cell: Cell, protocol: Protocol) -> str:
+    """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag)."""
+    payload = json.dumps({"cell": cell.to_dict(), "protocol": protocol.to_dict()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def expand_grid(grid: dict[str, list[Any]]) -> list[Cell]:
+    """All combinations, smallest first (so an OOM at a small size can inform larger ones).
+
+    compile=true only means something for strategies that preallocate (static ones); other
+    strategies get no compiled twin instead of a pointless skipped cell.
+    """
+    axes = [
+        grid["models"],
+        grid["dtypes"],
+        grid["batch_sizes"],
+        grid["context_lengths"],
+        grid["max_new_tokens"],
+        grid["caches"],
+        grid["compile"],
+    ]
+    cells = [
+        Cell(model, dtype, ctx, batch, new, cache, bool(compiled))
+        for model, dtype, batch, ctx, new, cache, compiled in itertools.product(*axes)
+        if not compiled or get_strategy(cache).compilable
+    ]
+    return _dedupe(cells)
+
+
+def _dedupe(cells: list[Cell]) -> list[Cell]:
+    seen: dict[Cell, None] = {}
+    for cell in cells:
+        seen.setdefault(cell, None)
+    return list(seen)

@@ -1,0 +1,64 @@
+"""Per-token timestamps from inside `generate`.
+
+`generate` calls each logits processor once per new token, right after the forward pass that
+produced that token's logits. Stamping the clock there gives time-to-first-token (prefill) and the
+gaps between tokens (decode) from one call, never by subtracting a separate prefill run.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessor
+
+
+class TokenClock(LogitsProcessor):
+    """Records a timestamp (ns) per generated token; synchronizes CUDA first so GPU work is counted."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.start_ns = 0
+        self.stamps_ns: list[int] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.stamps_ns = []
+        self.start_ns = time.perf_counter_ns()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.stamps_ns.append(time.perf_counter_ns())
+        return scores
+
+    def stop(self) -> int:
+        """Ends the call; returns its end time (ns)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter_ns()
+
+
+@dataclass(frozen=True)
+class TokenTimes:
+    """One generate call, in milliseconds."""
+
+    ttft_ms: float
+    gaps_ms: list[float]  # one per decoded token after the first
+    e2e_ms: float
+
+    @property
+    def decode_ms(self) -> float:
+        return sum(self.gaps_ms)
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.decode_ms / len(self.gaps_ms) if self.gaps_ms else float("nan")
+
+    @classmethod
+    def from_clock(cls, start_ns: int, stamps_ns: list[int], end_ns: int) -> "TokenTimes":
+        if not stamps_ns:
+            raise RuntimeError("generate produced no tokens; nothing to time")
+        ms = 1e-6
+        gaps = [(b - a) * ms for a, b in zip(stamps_ns, stamps_ns[1:], strict=False)]
+        return cls((stamps_ns[0] - start_ns) * ms, gaps, (end_ns - start_ns) * ms)

@@ -1,0 +1,56 @@
+"""Instantiate a model on the cell's device, in the cell's dtype.
+
+Presets get seeded random weights without transformers' default init (which walks every module
+with slow per-layer initialisers): the module is created straight on the target device with init
+skipped, then every parameter is filled with one fast seeded draw.
+"""
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.initialization import no_init_weights
+
+from kvsweep.models.resolve import ModelRef, load_config
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+INIT_STD = 0.02
+
+
+def build_model(
+    ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    torch_dtype = DTYPES[dtype]
+    if ref.kind == "preset":
+        model = _random_model(ref, torch_dtype, device, seed)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            ref.reference, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code
+        )
+    model.eval()
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    return model
+
+
+def _random_model(ref: ModelRef, dtype: torch.dtype, device: str, seed: int) -> PreTrainedModel:
+    config = load_config(ref)
+    with torch.device(device), no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # skipped under no_init_weights; tied presets would carry a second lm_head
+    fill_random_weights(model, seed)
+    return model
+
+
+@torch.no_grad()
+def fill_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """Seeded N(0, 0.02) matrices, unit norms, zero biases: sane activations, no NaNs."""
+    for index, (name, param) in enumerate(model.named_parameters()):
+        generator = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + index)
+        if param.ndim == 1 and "norm" in name:
+            param.fill_(1.0)
+        elif param.ndim == 1:
+            param.zero_()
+        else:
+            param.normal_(0.0, INIT_STD, generator=generator)

@@ -1,0 +1,56 @@
+"""Turn a model reference (preset, local path, Hub id) into a config, without loading weights."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from transformers import AutoConfig, PretrainedConfig
+
+from kvsweep.models.presets import PRESETS
+
+ModelKind = Literal["preset", "local", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    reference: str
+    kind: ModelKind
+
+
+def classify(reference: str) -> ModelRef:
+    """Presets win over paths; anything that exists on disk is local; the rest is a Hub id."""
+    if reference in PRESETS:
+        return ModelRef(reference, "preset")
+    if Path(reference).expanduser().exists():
+        return ModelRef(str(Path(reference).expanduser().resolve()), "local")
+    return ModelRef(reference, "hub")
+
+
+def load_config(ref: ModelRef, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The model's config: built from the preset, or read from the folder / Hub."""
+    if ref.kind == "preset":
+        preset = PRESETS[ref.reference]
+        return AutoConfig.for_model(preset.model_type, **preset.config)
+    return AutoConfig.from_pretrained(ref.reference, trust_remote_code=trust_remote_code)
+
+
+@dataclass(frozen=True)
+class KvShape:
+    """What the KV cache of one token costs, read off a model config."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    max_positions: int | None
+
+
+def kv_shape(config: PretrainedConfig) -> KvShape:
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return KvShape(
+        layers=text.num_hidden_layers,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        max_positions=getattr(text, "max_position_embeddings", None),
+    )

@@ -1,0 +1,62 @@
+"""Decide, before anything runs, which cells run and why the others are skipped."""
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvsweep.caches import get_strategy
+from kvsweep.estimate import dense_kv_bytes, stored_kv_bytes
+from kvsweep.grid import Cell
+from kvsweep.models.resolve import KvShape
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    skip_reason: str | None  # None: run it
+    kv_dense_bytes: int | None = None
+    kv_stored_bytes: int | None = None
+
+    @property
+    def runs(self) -> bool:
+        return self.skip_reason is None
+
+
+def package_installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def plan_cell(
+    cell: Cell,
+    device: str,
+    shape: KvShape | None,
+    is_installed: Callable[[str], bool] = package_installed,
+) -> PlannedCell:
+    """`shape` is None when the model's config could not be read here (the runner reports why)."""
+    strategy = get_strategy(cell.cache)
+    dense = stored = None
+    if shape is not None:
+        dense = dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+        stored = stored_kv_bytes(strategy, shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+    reason = skip_reason(cell, device, shape, is_installed)
+    return PlannedCell(cell, reason, dense, stored)
+
+
+def skip_reason(
+    cell: Cell, device: str, shape: KvShape | None, is_installed: Callable[[str], bool]
+) -> str | None:
+    strategy = get_strategy(cell.cache)
+    if strategy.needs_cuda and device != "cuda":
+        return f"{strategy.base_name} needs CUDA; cells run on {device}"
+    if strategy.needs_package and not is_installed(strategy.needs_package):
+        return (
+            f"{strategy.name} needs the '{strategy.needs_package}' package (pip install 'kvsweep[quantized]')"
+        )
+    if shape is not None and shape.max_positions is not None:
+        needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
+        if needed > shape.max_positions:
+            return f"needs {needed} positions; {cell.model} has {shape.max_positions}"
+    return None

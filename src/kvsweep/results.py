@@ -1,0 +1,30 @@
+"""What a cell returns to the driver: plain data, JSON-able, never touching MLflow."""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED = "ok", "oom", "skipped", "error", "timeout", "crashed"
+STATUSES = (OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED)
+# Statuses that count as a result for the exit code; the others make the sweep exit 1.
+RESULT_STATUSES = frozenset({OK, OOM, SKIPPED})
+
+
+@dataclass
+class CellResult:
+    cell_id: str
+    cell: dict[str, Any]
+    status: str
+    error: str = ""  # short message when not ok
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)  # raw per-repeat values
+    environment: dict[str, Any] = field(default_factory=dict)
+    traceback: str = ""
+    wall_s: float = 0.0  # whole cell, actor start to result, seen by the driver
+    attempt: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CellResult":
+        return cls(**data)

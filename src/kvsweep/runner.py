@@ -1,0 +1,207 @@
+"""Measure one cell inside its actor: load, cold call, warmups, measured repeats, baseline.
+
+Returns a plain `CellResult`; never touches MLflow. Statistics come from `summarize.py`.
+"""
+
+import os
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+
+from kvsweep.caches import CacheStrategy, get_strategy
+from kvsweep.environment import describe_environment
+from kvsweep.estimate import dense_kv_bytes
+from kvsweep.faults import InjectFault, fault_for
+from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.measure.memory import PeakMemory, track_peak_memory
+from kvsweep.measure.timing import TokenClock, TokenTimes
+from kvsweep.models.build import build_model
+from kvsweep.models.resolve import classify, kv_shape
+from kvsweep.plan import skip_reason
+from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
+from kvsweep.summarize import summarize_runs, token_agreement
+
+MAX_ERROR_CHARS = 500
+
+
+@dataclass
+class MeasuredCall:
+    times: TokenTimes
+    peak: PeakMemory
+    new_tokens: torch.Tensor
+    cache: Any
+
+
+class GenerateSession:
+    """Runs `generate` for one cell the same way every time, with the token clock attached."""
+
+    def __init__(
+        self, model: PreTrainedModel, inputs: torch.Tensor, cell: Cell, device: str, fault: str | None
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.mask = torch.ones_like(inputs)
+        self.cell = cell
+        self.cuda = device == "cuda"
+        self.clock = TokenClock(cuda=self.cuda)
+        processors: list[Any] = [self.clock]
+        if fault is not None:
+            processors.append(InjectFault(fault))
+        self.processors = LogitsProcessorList(processors)
+
+    def generation_config(self, strategy: CacheStrategy) -> GenerationConfig:
+        compile_config = None
+        if self.cell.compile and self.cuda:
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig(fullgraph=True)
+        return GenerationConfig(
+            max_new_tokens=self.cell.max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            # Generation compiles static caches by itself on CUDA; only do it when the cell asks.
+            disable_compile=compile_config is None,
+            compile_config=compile_config,
+            **strategy.generation_options(),
+        )
+
+    @torch.inference_mode()
+    def call(self, strategy: CacheStrategy) -> MeasuredCall:
+        config = self.generation_config(strategy)
+        with track_peak_memory(self.cuda) as peak:
+            self.clock.start()
+            out = self.model.generate(
+                self.inputs,
+                attention_mask=self.mask,
+                generation_config=config,
+                logits_processor=self.processors,
+            )
+            end_ns = self.clock.stop()
+        times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
+        new_tokens = out.sequences[:, self.inputs.shape[1] :]
+        if new_tokens.shape[1] != self.cell.max_new_tokens:
+            raise RuntimeError(
+                f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}"
+            )
+        return MeasuredCall(times, peak, new_tokens.cpu(), out.cache)
+
+
+def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:
+    """Seeded random token ids, the same for every strategy of a (batch, context) pair."""
+    generator = torch.Generator().manual_seed(seed + 7919 * context + batch)
+    return torch.randint(0, vocab_size, (batch, context), generator=generator).to(device)
+
+
+def resolve_threads(requested: int) -> int:
+    """0 means every core this process may run on (Ray narrows OMP_NUM_THREADS to num_cpus)."""
+    return requested if requested > 0 else len(os.sched_getaffinity(0))
+
+
+def run_cell(
+    cell_data: dict[str, Any],
+    protocol_data: dict[str, Any],
+    faults: list[dict[str, Any]] | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Entry point for the actor: plain dicts in, a plain dict out."""
+    cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
+    torch.set_num_threads(resolve_threads(protocol.threads))
+    warnings.filterwarnings("ignore")
+    result = CellResult(cell_id(cell, protocol), cell.to_dict(), OK)
+    result.environment = describe_environment(protocol.device)
+    try:
+        _measure(cell, protocol, faults or [], trust_remote_code, result)
+    except torch.OutOfMemoryError as exc:
+        _fail(result, OOM, exc)
+    except RuntimeError as exc:
+        _fail(result, OOM if "out of memory" in str(exc).lower() else ERROR, exc)
+    except Exception as exc:
+        _fail(result, ERROR, exc)
+    return result.to_dict()
+
+
+def _fail(result: CellResult, status: str, exc: BaseException) -> None:
+    result.status = status
+    result.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+    result.traceback = "".join(traceback.format_exception(exc))[-8000:]
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _measure(
+    cell: Cell, protocol: Protocol, faults: list[dict[str, Any]], trust_remote_code: bool, result: CellResult
+) -> None:
+    strategy = get_strategy(cell.cache)
+    device = protocol.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
+    reason = skip_reason(cell, device, None, _importable)
+    if reason is not None:
+        result.status, result.error = SKIPPED, reason
+        return
+    loaded_at = time.perf_counter()
+    model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
+    load_s = time.perf_counter() - loaded_at
+    shape = kv_shape(model.config)
+    reason = skip_reason(cell, device, shape, _importable)
+    if reason is not None:
+        result.status, result.error = SKIPPED, reason
+        return
+    if cell.compile and not result.environment.get("cuda_version"):
+        model.forward = torch.compile(model.forward, dynamic=False)  # generation skips compile on CPU
+    inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
+    session = GenerateSession(model, inputs, cell, device, fault_for(cell.to_dict(), faults))
+
+    first = session.call(strategy)
+    for _ in range(protocol.warmup):
+        session.call(strategy)
+    runs = [session.call(strategy) for _ in range(protocol.repeats)]
+    last = runs[-1]
+    stored = cache_bytes(last.cache)
+    del last.cache  # free the cache before the baseline allocates its own
+    for run in runs:
+        run.cache = None
+    baseline = last.new_tokens if strategy.name == "dynamic" else _baseline_tokens(session)
+
+    result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
+    result.metrics.update(
+        first_call_ms=first.times.e2e_ms,
+        kv_cache_bytes=float(stored),
+        kv_cache_bytes_dense=float(dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)),
+        model_load_s=load_s,
+        **token_agreement(last.new_tokens, baseline),
+    )
+    result.samples = {
+        "first_call": _call_samples(first),
+        "repeats": [_call_samples(r) for r in runs],
+    }
+
+
+def _baseline_tokens(session: GenerateSession) -> torch.Tensor:
+    """The dynamic-cache answer on the same model and inputs, for token agreement."""
+    baseline = session.call(get_strategy("dynamic"))
+    return baseline.new_tokens
+
+
+def _call_samples(call: MeasuredCall) -> dict[str, Any]:
+    return {
+        "ttft_ms": call.times.ttft_ms,
+        "gaps_ms": call.times.gaps_ms,
+        "e2e_ms": call.times.e2e_ms,
+        "peak_host_rss_bytes": call.peak.host_rss_bytes,
+        "peak_device_mem_bytes": call.peak.device_bytes,
+    }
+
+
+def _importable(module: str) -> bool:
+    from kvsweep.plan import package_installed
+
+    return package_installed(module)

@@ -1,0 +1,42 @@
+"""Turn a cell's measured calls into the contract's metrics (medians, p90s, rates, agreement)."""
+
+import torch
+
+from kvsweep.grid import Cell
+from kvsweep.measure.memory import PeakMemory
+from kvsweep.measure.stats import median, percentile
+from kvsweep.measure.timing import TokenTimes
+
+
+def summarize_runs(runs: list[tuple[TokenTimes, PeakMemory]], cell: Cell) -> dict[str, float]:
+    """Medians over repeats; `tpot_ms_p90` is the 90th percentile of every decode gap (token tail)."""
+    times = [t for t, _ in runs]
+    ttft = [t.ttft_ms for t in times]
+    tpot = [t.tpot_ms for t in times]
+    decode_rate = [cell.batch_size * len(t.gaps_ms) / (t.decode_ms / 1e3) for t in times if t.decode_ms > 0]
+    prefill_rate = [cell.batch_size * cell.context_length / (t.ttft_ms / 1e3) for t in times]
+    metrics = {
+        "ttft_ms": median(ttft),
+        "ttft_ms_p90": percentile(ttft, 90),
+        "tpot_ms": median(tpot),
+        "tpot_ms_p90": percentile([g for t in times for g in t.gaps_ms], 90),
+        "prefill_tokens_per_s": median(prefill_rate),
+        "e2e_ms": median([t.e2e_ms for t in times]),
+        "peak_host_rss_bytes": median([float(p.host_rss_bytes) for _, p in runs]),
+        "repeats": float(len(runs)),
+    }
+    if decode_rate:
+        metrics["decode_tokens_per_s"] = median(decode_rate)
+    device_peaks = [float(p.device_bytes) for _, p in runs if p.device_bytes is not None]
+    if device_peaks:
+        metrics["peak_device_mem_bytes"] = median(device_peaks)
+    return metrics
+
+
+def token_agreement(tokens: torch.Tensor, baseline: torch.Tensor) -> dict[str, float]:
+    """Share of generated positions equal to the baseline, and the first position that differs."""
+    equal = tokens == baseline
+    per_position = equal.all(dim=0)
+    diverged = (~per_position).nonzero()
+    first = int(diverged[0, 0]) if diverged.numel() else tokens.shape[1]
+    return {"token_agreement": float(equal.float().mean()), "first_divergence": float(first)}

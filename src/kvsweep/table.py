@@ -1,0 +1,117 @@
+"""The results table: a compact terminal view and the CSV logged on the sweep's parent run."""
+
+import csv
+import io
+from collections.abc import Iterable
+
+from kvsweep.caches import CACHE_NAMES
+from kvsweep.grid import CELL_FIELDS
+from kvsweep.results import CellResult
+
+CSV_METRICS = (
+    "ttft_ms",
+    "ttft_ms_p90",
+    "tpot_ms",
+    "tpot_ms_p90",
+    "decode_tokens_per_s",
+    "prefill_tokens_per_s",
+    "e2e_ms",
+    "first_call_ms",
+    "kv_cache_bytes",
+    "kv_cache_bytes_dense",
+    "peak_device_mem_bytes",
+    "peak_host_rss_bytes",
+    "token_agreement",
+    "first_divergence",
+    "repeats",
+)
+MIB = 1024 * 1024
+
+
+def results_csv(results: Iterable[CellResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", *CSV_METRICS])
+    for r in results:
+        writer.writerow(
+            [
+                r.cell_id,
+                *(r.cell[f] for f in CELL_FIELDS),
+                r.status,
+                r.error,
+                *(r.metrics.get(m, "") for m in CSV_METRICS),
+            ]
+        )
+    return out.getvalue()
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+def results_table(results: Iterable[CellResult]) -> str:
+    """One line per cell, sorted like the grid, numbers in the units people read."""
+    header = [
+        "model",
+        "dtype",
+        "ctx",
+        "bs",
+        "new",
+        "cache",
+        "status",
+        "ttft ms",
+        "tpot ms",
+        "tok/s",
+        "kv MiB",
+        "dense MiB",
+        "peak MiB",
+        "agree",
+    ]
+    rows = [header]
+    for r in sorted(results, key=_order):
+        m = r.metrics
+        peak = m.get("peak_device_mem_bytes", m.get("peak_host_rss_bytes"))
+        cache = r.cell["cache"] + ("+compile" if r.cell["compile"] else "")
+        rows.append(
+            [
+                r.cell["model"],
+                r.cell["dtype"],
+                str(r.cell["context_length"]),
+                str(r.cell["batch_size"]),
+                str(r.cell["max_new_tokens"]),
+                cache,
+                r.status,
+                _fmt(m.get("ttft_ms"), digits=2),
+                _fmt(m.get("tpot_ms"), digits=2),
+                _fmt(m.get("decode_tokens_per_s"), digits=0),
+                _fmt(m.get("kv_cache_bytes"), MIB, 2),
+                _fmt(m.get("kv_cache_bytes_dense"), MIB, 2),
+                _fmt(peak, MIB, 0),
+                _fmt(m.get("token_agreement"), digits=2),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    notes = [
+        f"  {r.status}: {r.cell['cache']} ctx={r.cell['context_length']} bs={r.cell['batch_size']} "
+        f"{r.cell['dtype']} {r.cell['model']}: {r.error}"
+        for r in sorted(results, key=_order)
+        if r.error
+    ]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _order(r: CellResult) -> tuple:
+    c = r.cell
+    base, _, reserve = c["cache"].partition("@")
+    cache_rank = CACHE_NAMES.index(base) if base in CACHE_NAMES else len(CACHE_NAMES)
+    return (
+        c["model"],
+        c["dtype"],
+        c["batch_size"],
+        c["context_length"],
+        c["max_new_tokens"],
+        cache_rank,
+        int(reserve or 0),
+        c["compile"],
+    )
