@@ -48,12 +48,8 @@ _BASE: dict[str, CacheStrategy] = {
         CacheStrategy("static", "static", preallocates=True),
         CacheStrategy("offloaded", "offloaded", needs_cuda=True),
         CacheStrategy("offloaded_static", "offloaded_static", needs_cuda=True, preallocates=True),
-        CacheStrategy(
-            "quantized-quanto-int2", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=2
-        ),
-        CacheStrategy(
-            "quantized-quanto-int4", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=4
-        ),
+        CacheStrategy("quantized-quanto-int2", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=2),
+        CacheStrategy("quantized-quanto-int4", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=4),
         CacheStrategy("quantized-hqq-int2", "quantized", needs_package="hqq", backend="hqq", nbits=2),
         CacheStrategy("quantized-hqq-int4", "quantized", needs_package="hqq", backend="hqq", nbits=4),
         CacheStrategy("quantized-hqq-int8", "quantized", needs_package="hqq", backend="hqq", nbits=8),

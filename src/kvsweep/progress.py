@@ -14,10 +14,10 @@ def _clock(seconds: float) -> str:
 
 
 class SweepProgress:
-    def __init__(self, total: int, to_run: int, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, total: int, to_run: int, stream: TextIO | None = None) -> None:
         self.total = total
         self.to_run = to_run
-        self.stream = stream
+        self.stream = stream or sys.stdout
         self.started_at = time.monotonic()
         self.counts: Counter[str] = Counter()
         self.running = 0

@@ -46,9 +46,7 @@ def report_main(argv: list[str]) -> int:
     )
     results = [_from_run(run) for run in cells]
     table = results_table(results)
-    print(
-        f"sweep {parent.data.tags.get('kvsweep.sweep', '?')} (parent run {parent_id}): {len(results)} cells\n"
-    )
+    print(f"sweep {parent.data.tags.get('kvsweep.sweep', '?')} (parent run {parent_id}): {len(results)} cells\n")
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

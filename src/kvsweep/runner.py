@@ -88,9 +88,7 @@ class GenerateSession:
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
         new_tokens = out.sequences[:, self.inputs.shape[1] :]
         if new_tokens.shape[1] != self.cell.max_new_tokens:
-            raise RuntimeError(
-                f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}"
-            )
+            raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
         return MeasuredCall(times, peak, new_tokens.cpu(), out.cache)
 
 

@@ -92,20 +92,14 @@ def run_cells(
             if now - entry.started > limits.cell_timeout_s:
                 ray.kill(entry.actor, no_restart=True)
                 running.pop(ref)
-                on_result(
-                    _driver_result(
-                        entry, TIMEOUT, f"no result after {limits.cell_timeout_s:g} s; actor killed"
-                    )
-                )
+                on_result(_driver_result(entry, TIMEOUT, f"no result after {limits.cell_timeout_s:g} s; actor killed"))
 
 
 def _collect(ref: Any, entry: _Running) -> CellResult:
     try:
         data = ray.get(ref)
     except ray.exceptions.OutOfMemoryError as exc:
-        return _driver_result(
-            entry, OOM, f"host OOM: Ray's memory monitor killed the cell ({_first_line(exc)})"
-        )
+        return _driver_result(entry, OOM, f"host OOM: Ray's memory monitor killed the cell ({_first_line(exc)})")
     except ray.exceptions.RayActorError as exc:
         return _driver_result(entry, CRASHED, f"cell process died: {_first_line(exc)}")
     except ray.exceptions.RayTaskError as exc:

@@ -51,13 +51,12 @@ def plan_text(planned: list[PlannedCell], problems: dict[str, str], device: str)
 
 def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
     m = cfg["measure"]
-    return Protocol(
-        warmup=m["warmup"], repeats=m["repeats"], seed=m["seed"], device=device, threads=m["threads"]
-    )
+    return Protocol(warmup=m["warmup"], repeats=m["repeats"], seed=m["seed"], device=device, threads=m["threads"])
 
 
-def dry_run(cfg: dict[str, Any], out: TextIO = sys.stdout) -> int:
+def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:
     """Plan only: resolve `auto` from this machine, start nothing."""
+    out = out or sys.stdout
     import torch
 
     device = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -66,7 +65,8 @@ def dry_run(cfg: dict[str, Any], out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO = sys.stdout) -> int:
+def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     from kvsweep import ray_session
     from kvsweep.scheduler import Job, Limits, run_cells
     from kvsweep.tracking import SweepTracker, default_tracking_uri, runs_url
@@ -101,9 +101,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             flush=True,
         )
         jobs, results = [], []
-        progress = SweepProgress(
-            len(planned), sum(p.runs and p.cell.model not in problems for p in planned), out
-        )
+        progress = SweepProgress(len(planned), sum(p.runs and p.cell.model not in problems for p in planned), out)
         shape_only = {m: classify(m).kind == "preset" for m in cfg["grid"]["models"]}
 
         def record(result: CellResult, ran: bool = True) -> None:
@@ -124,9 +122,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         limits = Limits(
             gpus_per_cell=ray_cfg["gpus_per_cell"],
             cpus_per_cell=ray_cfg["cpus_per_cell"],
-            max_concurrent=max_concurrent(
-                ray_cfg["max_concurrent"], device, session.gpus, ray_cfg["gpus_per_cell"]
-            ),
+            max_concurrent=max_concurrent(ray_cfg["max_concurrent"], device, session.gpus, ray_cfg["gpus_per_cell"]),
             cell_timeout_s=ray_cfg["cell_timeout_s"],
             max_retries=ray_cfg["max_retries"],
         )
@@ -147,8 +143,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         tracker.finish_sweep(progress.counts_by_status(), csv_text, table, "FINISHED")
         print(f"\n{table}\n", file=out)
         print(
-            f"MLflow: {redact_uri(tracking_uri)}  experiment {cfg['mlflow']['experiment']!r}  "
-            f"parent run {parent}",
+            f"MLflow: {redact_uri(tracking_uri)}  experiment {cfg['mlflow']['experiment']!r}  parent run {parent}",
             file=out,
         )
         if not tracking_uri.startswith(("http://", "https://")):

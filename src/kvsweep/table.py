@@ -98,7 +98,7 @@ def results_table(results: Iterable[CellResult]) -> str:
         for r in sorted(results, key=_order)
         if r.error
     ]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def _order(r: CellResult) -> tuple:

@@ -83,17 +83,11 @@ class SweepTracker:
         params = [Param(k, str(cell[k]).lower() if k == "compile" else str(cell[k])) for k in PARAM_KEYS]
         params.append(Param("device", device))
         now = _now_ms()
-        metrics = [
-            Metric(k, float(v), now, 0)
-            for k, v in result.metrics.items()
-            if v is not None and math.isfinite(v)
-        ]
+        metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items() if v is not None and math.isfinite(v)]
         metrics.append(Metric("cell_wall_s", result.wall_s, now, 0))
         self.client.log_batch(run_id, metrics=metrics, params=params)
         if result.samples:
-            self.client.log_dict(
-                run_id, {"samples": result.samples, "environment": result.environment}, "samples.json"
-            )
+            self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
         if result.traceback:
             self.client.log_text(run_id, result.traceback, "traceback.txt")
         self.client.set_terminated(run_id, "FINISHED" if result.status == OK else _terminal(result.status))
@@ -114,8 +108,7 @@ class SweepTracker:
 def cell_run_name(cell: dict[str, Any]) -> str:
     compiled = "+compile" if cell.get("compile") else ""
     return (
-        f"{cell['cache']}{compiled} ctx{cell['context_length']} bs{cell['batch_size']} "
-        f"{cell['dtype']} {cell['model']}"
+        f"{cell['cache']}{compiled} ctx{cell['context_length']} bs{cell['batch_size']} {cell['dtype']} {cell['model']}"
     )
 
 

@@ -88,7 +88,8 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
         message = _first_line(cause)
         if "not in" in message or "is not in struct" in message:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            return f"unknown config key '{key}'; allowed keys{f' under {parent}' if parent else ''}: {allowed_keys(parent)}"
+            where = f" under {parent}" if parent else ""
+            return f"unknown config key '{key}'; allowed keys{where}: {allowed_keys(parent)}"
         if key.startswith("grid.") and "ListConfig" in message:
             return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
         return f"{key}: {message}" if key else message

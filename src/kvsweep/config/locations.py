@@ -11,9 +11,7 @@ def _first_existing(name: str) -> Path:
     for candidate in (PACKAGE_DIR / name, PACKAGE_DIR.parents[1] / name):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(
-        f"kvsweep's {name}/ folder is missing (looked in {PACKAGE_DIR} and the repo root)"
-    )
+    raise FileNotFoundError(f"kvsweep's {name}/ folder is missing (looked in {PACKAGE_DIR} and the repo root)")
 
 
 def conf_dir() -> Path:

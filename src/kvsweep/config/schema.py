@@ -23,9 +23,7 @@ class GridConfig:
     context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens")
     batch_sizes: list[int] = _help(lambda: [1], "batch sizes")
     max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)")
-    caches: list[str] = _help(
-        lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens"
-    )
+    caches: list[str] = _help(lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens")
     compile: list[bool] = _help(lambda: [False], "compile the forward (static strategies only)")
 
 

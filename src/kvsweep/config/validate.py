@@ -19,9 +19,7 @@ def validate(cfg: dict[str, Any]) -> None:
         try:
             get_strategy(name)
         except KeyError:
-            raise ConfigError(
-                f"grid.caches[{i}]: unknown cache {name!r}; allowed: {allowed_cache_names()}"
-            ) from None
+            raise ConfigError(f"grid.caches[{i}]: unknown cache {name!r}; allowed: {allowed_cache_names()}") from None
     for i, dtype in enumerate(grid["dtypes"]):
         if dtype not in DTYPES:
             raise ConfigError(f"grid.dtypes[{i}]: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")

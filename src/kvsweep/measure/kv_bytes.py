@@ -33,11 +33,7 @@ def _bytes_of(obj: Any, seen: set[tuple[str, int, int]], depth: int) -> int:
 
 def _tensor_bytes(tensor: torch.Tensor, seen: set[tuple[str, int, int]], depth: int) -> int:
     flatten = getattr(tensor, "__tensor_flatten__", None)
-    if (
-        flatten is not None
-        and type(tensor) is not torch.Tensor
-        and not isinstance(tensor, torch.nn.Parameter)
-    ):
+    if flatten is not None and type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
         names, _ = flatten()
         return sum(_bytes_of(getattr(tensor, name), seen, depth + 1) for name in names)
     if tensor.device.type == "meta" or tensor.ndim == 0:

@@ -5,6 +5,7 @@ produced that token's logits. Stamping the clock there gives time-to-first-token
 gaps between tokens (decode) from one call, never by subtracting a separate prefill run.
 """
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -60,5 +61,5 @@ class TokenTimes:
         if not stamps_ns:
             raise RuntimeError("generate produced no tokens; nothing to time")
         ms = 1e-6
-        gaps = [(b - a) * ms for a, b in zip(stamps_ns, stamps_ns[1:], strict=False)]
+        gaps = [(b - a) * ms for a, b in itertools.pairwise(stamps_ns)]
         return cls((stamps_ns[0] - start_ns) * ms, gaps, (end_ns - start_ns) * ms)

@@ -19,9 +19,7 @@ DTYPES: dict[str, torch.dtype] = {
 INIT_STD = 0.02
 
 
-def build_model(
-    ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False
-) -> PreTrainedModel:
+def build_model(ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False) -> PreTrainedModel:
     torch_dtype = DTYPES[dtype]
     if ref.kind == "preset":
         model = _random_model(ref, torch_dtype, device, seed)

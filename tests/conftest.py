@@ -1,0 +1,81 @@
+"""Shared fixtures: one real local Ray instance for the whole run, real MLflow stores in tmp dirs."""
+
+import io
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvsweep.ray_session import QUIET_ENV
+
+for _key, _value in QUIET_ENV.items():
+    os.environ.setdefault(_key, _value)
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+# Small, fast settings every in-process sweep starts from; tests add their own overrides.
+FAST = [
+    "grid.models=[tiny-llama]",
+    "grid.dtypes=[float32]",
+    "grid.context_lengths=[64]",
+    "grid.batch_sizes=[1]",
+    "grid.max_new_tokens=[4]",
+    "measure.warmup=0",
+    "measure.repeats=1",
+    "measure.threads=1",
+]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    from kvsweep import ray_session
+
+    session = ray_session.connect("")
+    yield session
+    ray_session.shutdown(session)
+
+
+@dataclass
+class SweepRun:
+    code: int
+    out: str
+    err: str
+    tracking_uri: str
+    run_dir: Path
+
+
+@pytest.fixture
+def run_sweep(ray_cluster, tmp_path):
+    """Run `python -m kvsweep` in this process (sharing the session's Ray) with a tmp MLflow store."""
+    from kvsweep.cli import main
+
+    def run(*overrides: str, experiment: str = "kvsweep") -> SweepRun:
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        run_dir = tmp_path / "run"
+        out, err = io.StringIO(), io.StringIO()
+        args = [
+            *FAST,
+            *overrides,
+            f"mlflow.tracking_uri={uri}",
+            f"mlflow.experiment={experiment}",
+            f"hydra.run.dir={run_dir}",
+        ]
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(args)
+        sys.stdout.write(out.getvalue())
+        return SweepRun(code, out.getvalue(), err.getvalue(), uri, run_dir)
+
+    return run
+
+
+def cell_runs(tracking_uri: str, experiment: str = "kvsweep"):
+    """(parent runs, child runs) of an experiment, read back through MLflow's client."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    parents = client.search_runs([exp.experiment_id], "tags.`kvsweep.role` = 'sweep'")
+    children = client.search_runs([exp.experiment_id], "tags.`kvsweep.role` = 'cell'")
+    return parents, children

@@ -1,0 +1,97 @@
+"""Config mistakes fail before Ray starts: exit 2, one line naming the key and what is allowed."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvsweep.cli import main
+from kvsweep.config.compose import compose_config
+
+BAD_CONFIGS = [
+    (["grid.foo=1"], "unknown config key 'grid.foo'", "context_lengths"),
+    (["measure.repeatz=3"], "unknown config key 'measure.repeatz'", "repeats"),
+    (["bogus=1"], "unknown config key 'bogus'", "grid"),
+    (["grid.batch_sizes=[a]"], "grid.batch_sizes[0]", "Integer"),
+    (["grid.batch_sizes=3"], "grid.batch_sizes", "list"),
+    (["grid.caches=[dynamo]"], "grid.caches[0]: unknown cache 'dynamo'", "quantized-hqq-int4"),
+    (["grid.caches=[dynamic@64]"], "unknown cache 'dynamic@64'", "static@N"),
+    (["grid.caches=[]"], "grid.caches is empty", ""),
+    (["grid.dtypes=[float8]"], "grid.dtypes[0]: unknown dtype 'float8'", "bfloat16"),
+    (["grid.context_lengths=[0]"], "grid.context_lengths[0] must be a positive integer", ""),
+    (["grid.batch_sizes=[-2]"], "grid.batch_sizes[0] must be a positive integer", ""),
+    (["grid.max_new_tokens=[0]"], "grid.max_new_tokens[0]", "positive"),
+    (["grid.compile=[maybe]"], "grid.compile[0]", "bool"),
+    (["device=tpu"], "device: unknown device 'tpu'", "cuda"),
+    (["measure.repeats=0"], "measure.repeats must be >= 1", ""),
+    (["ray.max_retries=-1"], "ray.max_retries must be >= 0", ""),
+    (["ray.cell_timeout_s=0"], "ray.cell_timeout_s must be positive", ""),
+    (["+sweep=nope"], "unknown sweep", "long_context"),
+    (["grid.models=[' ']"], "grid.models[0] is empty", ""),
+]
+
+
+@pytest.mark.parametrize(("overrides", "names", "allowed"), BAD_CONFIGS)
+def test_bad_config_is_one_line_exit_2(overrides, names, allowed, capsys):
+    assert main(overrides) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert names in err and allowed in err
+
+
+def test_bad_config_fails_before_ray_starts(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsweep", "grid.caches=[dynamo]", f"hydra.run.dir={tmp_path}/run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "unknown cache 'dynamo'" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was started or written
+    assert "ray" not in proc.stderr.lower()
+    assert time.monotonic() - started < 60
+
+
+def test_default_is_quickstart_and_sweeps_select_files():
+    quick = compose_config([]).config
+    assert quick["name"] == "quickstart"
+    caches = quick["grid"]["caches"]
+    assert len(caches) >= 4 and any(c.startswith("quantized") for c in caches)
+    assert len(quick["grid"]["context_lengths"]) >= 2 and len(quick["grid"]["dtypes"]) >= 2
+    assert quick["grid"]["compile"] == [False]
+    long = compose_config(["+sweep=long_context"]).config
+    assert long["name"] == "long_context"
+    assert min(long["grid"]["context_lengths"]) == 4096 and max(long["grid"]["context_lengths"]) > 128_000
+    assert long["grid"]["batch_sizes"] == [1, 4] and long["grid"]["dtypes"] == ["bfloat16"]
+
+
+def test_overrides_change_axes_and_reserved_static():
+    cfg = compose_config(
+        [
+            "+sweep=long_context",
+            "grid.context_lengths=[8192,32768]",
+            "grid.caches=[dynamic,static@8192]",
+            "ray.address=auto",
+        ]
+    ).config
+    assert cfg["grid"]["context_lengths"] == [8192, 32768]
+    assert cfg["grid"]["caches"] == ["dynamic", "static@8192"]
+    assert cfg["ray"]["address"] == "auto"
+
+
+def test_user_sweep_folder(tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text("name: mine\ngrid:\n  caches: [dynamic, no_cache]\n")
+    monkeypatch.setenv("KVSWEEP_SWEEPS_PATH", str(tmp_path))
+    cfg = compose_config(["+sweep=mine"]).config
+    assert cfg["name"] == "mine" and cfg["grid"]["caches"] == ["dynamic", "no_cache"]
+
+
+def test_help_lists_every_key(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for key in ("grid.context_lengths", "measure.repeats", "ray.cell_timeout_s", "mlflow.tracking_uri"):
+        assert key in out

@@ -1,0 +1,90 @@
+"""Grid expansion and the plan's run/skip decisions."""
+
+from kvsweep.grid import Cell, Protocol, cell_id, expand_grid
+from kvsweep.models.presets import PRESETS
+from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep.plan import plan_cell
+
+GRID = {
+    "models": ["tiny-llama"],
+    "dtypes": ["float32", "bfloat16"],
+    "context_lengths": [256, 1024],
+    "batch_sizes": [1, 4],
+    "max_new_tokens": [16],
+    "caches": ["dynamic", "static"],
+    "compile": [False, True],
+}
+PROTO = Protocol(warmup=1, repeats=3, seed=0, device="cpu", threads=1)
+
+
+def tiny_shape():
+    return kv_shape(load_config(classify("tiny-llama")))
+
+
+def test_grid_is_the_cartesian_product_without_pointless_compile_twins():
+    cells = expand_grid(GRID)
+    # 2 dtypes x 2 contexts x 2 batches x (dynamic + static + static compiled)
+    assert len(cells) == 2 * 2 * 2 * 3
+    assert not any(c.compile and c.cache == "dynamic" for c in cells)
+    assert len(set(cells)) == len(cells)
+
+
+def test_small_cells_come_before_large_ones_of_the_same_strategy():
+    cells = [c for c in expand_grid(GRID) if c.cache == "static" and not c.compile and c.dtype == "float32"]
+    sizes = [(c.batch_size, c.context_length) for c in cells]
+    assert sizes == sorted(sizes)
+
+
+def test_cell_id_is_stable_and_depends_on_settings_and_protocol():
+    cell = Cell("tiny-llama", "float32", 256, 1, 16, "dynamic", False)
+    assert cell_id(cell, PROTO) == cell_id(Cell(**cell.to_dict()), PROTO)
+    assert cell_id(cell, PROTO) != cell_id(Cell(**{**cell.to_dict(), "cache": "static"}), PROTO)
+    assert cell_id(cell, PROTO) != cell_id(cell, Protocol(1, 5, 0, "cpu", 1))
+
+
+def test_plan_reasons():
+    shape = tiny_shape()
+    cell = Cell("tiny-llama", "float32", 256, 1, 16, "dynamic", False)
+    assert plan_cell(cell, "cpu", shape).runs
+    offloaded = plan_cell(Cell(**{**cell.to_dict(), "cache": "offloaded"}), "cpu", shape)
+    assert "needs CUDA" in offloaded.skip_reason
+    assert plan_cell(Cell(**{**cell.to_dict(), "cache": "offloaded"}), "cuda", shape).runs
+    missing = plan_cell(
+        Cell(**{**cell.to_dict(), "cache": "quantized-hqq-int4"}),
+        "cpu",
+        shape,
+        is_installed=lambda module: module != "hqq",
+    )
+    assert "needs the 'hqq' package" in missing.skip_reason
+    too_long = plan_cell(Cell(**{**cell.to_dict(), "context_length": 4090}), "cpu", shape)
+    assert "needs 4106 positions; tiny-llama has 4096" in too_long.skip_reason
+    reserve = plan_cell(Cell(**{**cell.to_dict(), "cache": "static@8192"}), "cpu", shape)
+    assert "needs 8192 positions" in reserve.skip_reason
+
+
+def test_plan_estimates_follow_the_formula():
+    shape = tiny_shape()
+    planned = plan_cell(Cell("tiny-llama", "bfloat16", 1000, 2, 25, "static@2048", False), "cpu", shape)
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 * 2  # K+V, batch 2, 2 bytes
+    assert planned.kv_dense_bytes == per_token * 1024
+    assert planned.kv_stored_bytes == per_token * 2048
+
+
+def test_presets_have_published_shapes():
+    llama = kv_shape(load_config(classify("llama-3.1-8b")))
+    assert (llama.layers, llama.kv_heads, llama.head_dim, llama.max_positions) == (32, 8, 128, 131072)
+    qwen = kv_shape(load_config(classify("qwen2.5-7b")))
+    assert (qwen.layers, qwen.kv_heads, qwen.head_dim) == (28, 4, 128)
+    mistral = kv_shape(load_config(classify("mistral-7b")))
+    assert (mistral.layers, mistral.kv_heads, mistral.head_dim, mistral.max_positions) == (32, 8, 128, 32768)
+    smol = kv_shape(load_config(classify("smollm2-135m")))
+    assert (smol.layers, smol.kv_heads, smol.head_dim) == (30, 3, 64)
+    tl = kv_shape(load_config(classify("tinyllama-1.1b")))
+    assert (tl.layers, tl.kv_heads, tl.head_dim, tl.max_positions) == (22, 4, 64, 2048)
+    assert {"tiny-llama", "smollm2-135m", "tinyllama-1.1b", "qwen2.5-7b", "llama-3.1-8b", "mistral-7b"} <= set(PRESETS)
+
+
+def test_model_references_are_classified(tmp_path):
+    assert classify("smollm2-135m").kind == "preset"
+    assert classify(str(tmp_path)).kind == "local"
+    assert classify("org/some-model").kind == "hub"

@@ -1,0 +1,112 @@
+"""Every cache strategy that can run on CPU, measured by the real runner with real generation.
+
+KV bytes are checked against the formula (2 x layers x kv_heads x head_dim x tokens x batch x
+bytes), quantized payloads against their packed layout, timings against their own definitions.
+"""
+
+import pytest
+
+from kvsweep.caches import CACHE_NAMES, get_strategy
+from kvsweep.estimate import stored_kv_bytes
+from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep.runner import run_cell
+
+PROTO = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
+SHAPE = kv_shape(load_config(classify("tiny-llama")))
+
+
+def cell(cache, context=512, batch=2, new=16, dtype="float32", compile=False):
+    return {
+        "model": "tiny-llama",
+        "dtype": dtype,
+        "context_length": context,
+        "batch_size": batch,
+        "max_new_tokens": new,
+        "cache": cache,
+        "compile": compile,
+    }
+
+
+def dense(tokens, batch, dtype_bytes):
+    return 2 * SHAPE.layers * SHAPE.kv_heads * SHAPE.head_dim * tokens * batch * dtype_bytes
+
+
+@pytest.fixture(scope="module")
+def results():
+    names = [n for n in CACHE_NAMES if not n.startswith("offloaded")] + ["static@2048"]
+    return {name: run_cell(cell(name), PROTO) for name in names}
+
+
+def test_cpu_strategies_all_run(results):
+    for name, result in results.items():
+        assert result["status"] == "ok", (name, result["error"])
+        assert result["metrics"]["repeats"] == 3
+        assert len(result["samples"]["repeats"]) == 3
+        assert result["environment"]["torch_threads"] == 1
+
+
+def test_dynamic_kv_bytes_equal_the_formula(results):
+    tokens = 512 + 16 - 1
+    m = results["dynamic"]["metrics"]
+    assert m["kv_cache_bytes"] == dense(tokens, 2, 4) == m["kv_cache_bytes_dense"]
+
+
+def test_static_is_sized_to_what_it_was_asked_to_hold(results):
+    assert results["static"]["metrics"]["kv_cache_bytes"] == dense(512 + 16 - 1, 2, 4)
+    assert results["static@2048"]["metrics"]["kv_cache_bytes"] == dense(2048, 2, 4)
+
+
+def test_quantized_stores_packed_codes(results):
+    d = dense(512 + 16 - 1, 2, 4)
+    for name in ("quantized-hqq-int4", "quantized-quanto-int4", "quantized-hqq-int2", "quantized-quanto-int2"):
+        stored = results[name]["metrics"]["kv_cache_bytes"]
+        assert stored < 0.35 * d, name
+        assert stored == stored_kv_bytes(get_strategy(name), SHAPE, 512 + 16 - 1, 2, "float32"), name
+    assert results["quantized-hqq-int8"]["metrics"]["kv_cache_bytes"] < 0.5 * d
+
+
+def test_no_cache_holds_nothing_and_is_slow_per_token(results):
+    assert results["no_cache"]["metrics"]["kv_cache_bytes"] == 0
+    assert results["no_cache"]["metrics"]["tpot_ms"] > 2 * results["dynamic"]["metrics"]["tpot_ms"]
+
+
+def test_timings_are_consistent(results):
+    for name, result in results.items():
+        m, samples = result["metrics"], result["samples"]["repeats"]
+        for s in samples:
+            assert len(s["gaps_ms"]) == 16 - 1
+            assert s["ttft_ms"] > 0 and all(g > 0 for g in s["gaps_ms"])
+            assert s["e2e_ms"] >= s["ttft_ms"] + sum(s["gaps_ms"])
+        per_run_rate = sorted(2 * 15 / (sum(s["gaps_ms"]) / 1e3) for s in samples)
+        assert m["decode_tokens_per_s"] == pytest.approx(per_run_rate[1]), name
+        assert m["ttft_ms"] == pytest.approx(sorted(s["ttft_ms"] for s in samples)[1]), name
+        assert m["prefill_tokens_per_s"] == pytest.approx(2 * 512 / (m["ttft_ms"] / 1e3), rel=0.01)
+        assert m["tpot_ms_p90"] >= min(g for s in samples for g in s["gaps_ms"])
+        assert m["first_call_ms"] > 0 and m["peak_host_rss_bytes"] > 0
+
+
+def test_exact_strategies_agree_with_dynamic(results):
+    for name in ("dynamic", "static", "static@2048", "no_cache"):
+        assert results[name]["metrics"]["token_agreement"] == pytest.approx(1.0, abs=0.1), name
+
+
+def test_oom_inside_generate_is_classified():
+    result = run_cell(cell("static", context=64, new=4), PROTO, faults=[{"match": {"cache": "static"}, "fault": "oom"}])
+    assert result["status"] == "oom"
+    assert "out of memory" in result["error"].lower()
+
+
+def test_error_inside_generate_is_an_error_with_traceback():
+    result = run_cell(cell("dynamic", context=64, new=4), PROTO, faults=[{"match": {}, "fault": "error"}])
+    assert result["status"] == "error" and "ValueError: injected error" in result["error"]
+    assert "Traceback" in result["traceback"]
+
+
+def test_offloaded_on_cpu_is_skipped_not_crashed():
+    result = run_cell(cell("offloaded", context=64, new=4), PROTO)
+    assert result["status"] == "skipped" and "CUDA" in result["error"]
+
+
+def test_unknown_model_is_an_error():
+    result = run_cell({**cell("dynamic", context=64, new=4), "model": "/no/such/model"}, PROTO)
+    assert result["status"] == "error"

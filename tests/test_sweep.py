@@ -1,0 +1,132 @@
+"""Whole sweeps through the real entry point: Hydra, Ray actors, MLflow, the results table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+from conftest import cell_runs
+from kvsweep.cli import main
+
+CELL_PARAMS = {"model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "device"}
+CELL_METRICS = {
+    "ttft_ms",
+    "ttft_ms_p90",
+    "tpot_ms",
+    "tpot_ms_p90",
+    "decode_tokens_per_s",
+    "prefill_tokens_per_s",
+    "e2e_ms",
+    "first_call_ms",
+    "kv_cache_bytes",
+    "kv_cache_bytes_dense",
+    "peak_host_rss_bytes",
+    "token_agreement",
+    "repeats",
+}
+
+
+def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
+    """The user's command in a fresh process: its own local Ray, the default sqlite store in cwd."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvsweep",
+            "grid.dtypes=[float32]",
+            "grid.context_lengths=[128]",
+            "grid.max_new_tokens=[8]",
+            "grid.caches=[dynamic,static,offloaded]",
+            "measure.repeats=2",
+            "measure.warmup=0",
+            "hydra.run.dir=run",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "mlflow.db").exists()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parents, children = cell_runs(uri)
+    assert len(parents) == 1 and len(children) == 3
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["kvsweep.sweep"] == "quickstart"
+    by_cache = {c.data.params["cache"]: c for c in children}
+    for cache in ("dynamic", "static"):
+        run = by_cache[cache]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["kvsweep.status"] == "ok"
+        assert set(run.data.params) >= CELL_PARAMS
+        assert set(run.data.metrics) >= CELL_METRICS
+        assert run.data.params["context_length"] == "128" and run.data.params["device"] == "cpu"
+        assert run.data.metrics["repeats"] == 2
+        samples = json.loads(
+            Path(MlflowClient(uri).download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text()
+        )
+        assert len(samples["samples"]["repeats"]) == 2
+        assert samples["environment"]["torch_version"]
+    skipped = by_cache["offloaded"]
+    assert skipped.data.tags["kvsweep.status"] == "skipped" and "CUDA" in skipped.data.tags["kvsweep.error"]
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id)}
+    assert {"config.yaml", "results.csv", "plan.txt"} <= artifacts
+    assert "parent run" in proc.stdout and "mlflow ui --backend-store-uri" in proc.stdout
+    assert "/#/experiments/" in proc.stdout
+    assert (tmp_path / "run" / "results.csv").exists() and (tmp_path / "run" / ".hydra" / "config.yaml").exists()
+
+
+def test_oom_skipped_and_bad_model_do_not_stop_the_sweep(run_sweep):
+    run = run_sweep(
+        "grid.models=[tiny-llama,no-such-preset-xyz]",
+        "grid.caches=[dynamic,static,offloaded]",
+        "+testing.faults=[{match: {cache: static}, fault: oom}]",
+    )
+    _, children = cell_runs(run.tracking_uri)
+    status = {(c.data.params["model"], c.data.params["cache"]): c.data.tags["kvsweep.status"] for c in children}
+    assert status[("tiny-llama", "dynamic")] == "ok"
+    assert status[("tiny-llama", "static")] == "oom"
+    assert status[("tiny-llama", "offloaded")] == "skipped"
+    assert {status[("no-such-preset-xyz", c)] for c in ("dynamic", "static", "offloaded")} == {"error"}
+    errors = {c.data.tags.get("kvsweep.error", "") for c in children if c.data.params["model"] != "tiny-llama"}
+    assert all("could not be resolved" in e for e in errors)
+    assert run.code == 1  # an error cell makes the exit code 1; the rest were still logged
+    assert "oom" in run.out and "ok" in run.out
+
+
+def test_oom_alone_is_still_exit_0(run_sweep):
+    run = run_sweep("grid.caches=[dynamic,static]", "+testing.faults=[{match: {cache: static}, fault: oom}]")
+    assert run.code == 0
+    _, children = cell_runs(run.tracking_uri)
+    assert sorted(c.data.tags["kvsweep.status"] for c in children) == ["ok", "oom"]
+
+
+def test_dry_run_prints_plan_and_starts_nothing(tmp_path, capsys):
+    code = main(
+        [
+            "+sweep=long_context",
+            "dry_run=true",
+            f"hydra.run.dir={tmp_path}/run",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "llama-3.1-8b bfloat16 ctx=130944 bs=4" in out and "quantized-hqq-int2" in out
+    assert "MiB" in out and not (tmp_path / "m.db").exists()
+
+
+def test_report_rebuilds_the_table_from_mlflow(run_sweep, capsys, tmp_path):
+    run = run_sweep("grid.caches=[dynamic,static]")
+    assert run.code == 0
+    capsys.readouterr()
+    assert main(["report", "--tracking-uri", run.tracking_uri, "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic" in out and "static" in out and "2 cells" in out
+    assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 3
