@@ -110,3 +110,11 @@ def test_offloaded_on_cpu_is_skipped_not_crashed():
 def test_unknown_model_is_an_error():
     result = run_cell({**cell("dynamic", context=64, new=4), "model": "/no/such/model"}, PROTO)
     assert result["status"] == "error"
+
+
+def test_compile_cost_lands_in_first_call_not_in_the_medians():
+    compiled = run_cell(cell("static", context=64, batch=1, new=8, compile=True), PROTO)
+    assert compiled["status"] == "ok", compiled["error"]
+    m = compiled["metrics"]
+    assert m["first_call_ms"] > 10 * m["e2e_ms"]  # compilation happened in the cold call only
+    assert m["token_agreement"] == pytest.approx(1.0, abs=0.15)

@@ -153,8 +153,9 @@ def _measure(
     if reason is not None:
         result.status, result.error = SKIPPED, reason
         return
-    if cell.compile and not result.environment.get("cuda_version"):
-        model.forward = torch.compile(model.forward, dynamic=False)  # generation skips compile on CPU
+    eager_forward = model.forward
+    if cell.compile and not session_on_cuda(device):
+        model.forward = torch.compile(eager_forward, dynamic=False)  # generation skips compile on CPU
     inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
     session = GenerateSession(model, inputs, cell, device, fault_for(cell.to_dict(), faults))
 
@@ -167,6 +168,7 @@ def _measure(
     del last.cache  # free the cache before the baseline allocates its own
     for run in runs:
         run.cache = None
+    model.forward = eager_forward  # the baseline's growing dynamic cache would only trigger recompiles
     baseline = last.new_tokens if strategy.name == "dynamic" else _baseline_tokens(session)
 
     result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
@@ -197,6 +199,10 @@ def _call_samples(call: MeasuredCall) -> dict[str, Any]:
         "peak_host_rss_bytes": call.peak.host_rss_bytes,
         "peak_device_mem_bytes": call.peak.device_bytes,
     }
+
+
+def session_on_cuda(device: str) -> bool:
+    return device == "cuda" and torch.cuda.is_available()
 
 
 def _importable(module: str) -> bool:
