@@ -130,3 +130,65 @@ def test_report_rebuilds_the_table_from_mlflow(run_sweep, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "dynamic" in out and "static" in out and "2 cells" in out
     assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 3
+
+
+def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):
+    run = run_sweep("device=cuda")
+    assert run.code == 2
+    assert "no GPUs" in run.err and len(run.err.strip().splitlines()) == 1
+
+
+def test_sweep_logs_to_a_real_mlflow_server(ray_cluster, tmp_path, capsys):
+    """An http:// tracking URI: a real `mlflow server` on 127.0.0.1, credentials redacted in output."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--artifacts-destination",
+            str(tmp_path / "art"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(1)
+        uri = f"http://user:s3cret@127.0.0.1:{port}"
+        code = main([*_fast(), "grid.caches=[dynamic]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path}/r"])
+        out = capsys.readouterr().out
+        assert code == 0
+        assert "s3cret" not in out and f"127.0.0.1:{port}/#/experiments/" in out
+        _, children = cell_runs(f"http://127.0.0.1:{port}")
+        assert len(children) == 1 and children[0].data.tags["kvsweep.status"] == "ok"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _fast():
+    from conftest import FAST
+
+    return FAST

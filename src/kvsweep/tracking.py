@@ -44,6 +44,9 @@ def runs_url(tracking_uri: str, experiment_id: str) -> str:
 
 class SweepTracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
+        # MLflow prints a "View run" link per run with the URI as given, credentials included;
+        # kvsweep prints its own, redacted, link instead.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
