@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 
 from conftest import cell_runs
 from kvsweep.cli import main
+from kvsweep.journal import Journal
 
 CELL_PARAMS = {"model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "device"}
 CELL_METRICS = {
@@ -105,6 +106,9 @@ def test_oom_alone_is_still_exit_0(run_sweep):
     assert run.code == 0
     _, children = cell_runs(run.tracking_uri)
     assert sorted(c.data.tags["kvsweep.status"] for c in children) == ["ok", "oom"]
+    journaled = Journal(run.run_dir).read()  # the local journal holds the same results as MLflow
+    assert sorted(r.status for r in journaled) == ["ok", "oom"]
+    assert {r.cell_id for r in journaled} == {c.data.tags["kvsweep.cell_id"] for c in children}
 
 
 def test_dry_run_prints_plan_and_starts_nothing(tmp_path, capsys):

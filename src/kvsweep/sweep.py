@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvsweep.grid import Protocol, cell_id, expand_grid
+from kvsweep.journal import Journal
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config
 from kvsweep.plan import PlannedCell, plan_cell
 from kvsweep.progress import SweepProgress
@@ -104,8 +105,11 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         progress = SweepProgress(len(planned), sum(p.runs and p.cell.model not in problems for p in planned), out)
         shape_only = {m: classify(m).kind == "preset" for m in cfg["grid"]["models"]}
 
+        journal = Journal(run_dir)
+
         def record(result: CellResult, ran: bool = True) -> None:
             results.append(result)
+            journal.append(result)  # on disk before MLflow sees it
             tags = {"kvsweep.shape_only": str(shape_only[result.cell["model"]]).lower()}
             tracker.log_cell(result, cfg["name"], device, tags)
             progress.finished(result, ran)
