@@ -196,3 +196,24 @@ def _fast():
     from conftest import FAST
 
     return FAST
+
+
+def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
+    run = run_sweep(
+        "grid.caches=[dynamic,static]",
+        "ray.cell_timeout_s=20",
+        "+testing.faults=[{match: {cache: static}, fault: hang}]",
+    )
+    _, children = cell_runs(run.tracking_uri)
+    status = {c.data.params["cache"]: c.data.tags["kvsweep.status"] for c in children}
+    assert status == {"dynamic": "ok", "static": "timeout"}
+    assert run.code == 1
+
+
+def test_crashed_cell_is_retried_and_logged_once(run_sweep):
+    run = run_sweep("grid.caches=[dynamic]", "ray.max_retries=1", "+testing.faults=[{match: {}, fault: exit}]")
+    _, children = cell_runs(run.tracking_uri)
+    assert len(children) == 1
+    assert children[0].data.tags["kvsweep.status"] == "crashed"
+    assert children[0].data.tags["kvsweep.attempt"] == "2"
+    assert run.code == 1
