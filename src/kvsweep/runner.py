@@ -23,7 +23,7 @@ from kvsweep.measure.memory import PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify, kv_shape
-from kvsweep.plan import skip_reason
+from kvsweep.plan import package_installed, skip_reason
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.summarize import summarize_runs, token_agreement
 
@@ -141,7 +141,7 @@ def _measure(
     device = protocol.device
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
-    reason = skip_reason(cell, device, None, _importable)
+    reason = skip_reason(cell, device, None, package_installed)
     if reason is not None:
         result.status, result.error = SKIPPED, reason
         return
@@ -149,7 +149,7 @@ def _measure(
     model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
     load_s = time.perf_counter() - loaded_at
     shape = kv_shape(model.config)
-    reason = skip_reason(cell, device, shape, _importable)
+    reason = skip_reason(cell, device, shape, package_installed)
     if reason is not None:
         result.status, result.error = SKIPPED, reason
         return
@@ -165,9 +165,8 @@ def _measure(
     runs = [session.call(strategy) for _ in range(protocol.repeats)]
     last = runs[-1]
     stored = cache_bytes(last.cache)
-    del last.cache  # free the cache before the baseline allocates its own
     for run in runs:
-        run.cache = None
+        run.cache = None  # free the caches before the baseline allocates its own
     model.forward = eager_forward  # the baseline's growing dynamic cache would only trigger recompiles
     baseline = last.new_tokens if strategy.name == "dynamic" else _baseline_tokens(session)
 
@@ -203,9 +202,3 @@ def _call_samples(call: MeasuredCall) -> dict[str, Any]:
 
 def session_on_cuda(device: str) -> bool:
     return device == "cuda" and torch.cuda.is_available()
-
-
-def _importable(module: str) -> bool:
-    from kvsweep.plan import package_installed
-
-    return package_installed(module)
