@@ -79,3 +79,13 @@ def cell_runs(tracking_uri: str, experiment: str = "kvsweep"):
     parents = client.search_runs([exp.experiment_id], "tags.`kvsweep.role` = 'sweep'")
     children = client.search_runs([exp.experiment_id], "tags.`kvsweep.role` = 'cell'")
     return parents, children
+
+
+def statuses(tracking_uri: str, *params: str, experiment: str = "kvsweep") -> dict:
+    """Cell status by the given params' values (one param: its value; several: a tuple)."""
+    _, children = cell_runs(tracking_uri, experiment)
+    by = {}
+    for child in children:
+        key = tuple(child.data.params[p] for p in params)
+        by[key[0] if len(key) == 1 else key] = child.data.tags["kvsweep.status"]
+    return by

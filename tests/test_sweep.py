@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from conftest import cell_runs
+from conftest import cell_runs, statuses
 from kvsweep.cli import main
 from kvsweep.journal import Journal
 
@@ -90,7 +90,7 @@ def test_oom_skipped_and_bad_model_do_not_stop_the_sweep(run_sweep):
         "+testing.faults=[{match: {cache: static}, fault: oom}]",
     )
     _, children = cell_runs(run.tracking_uri)
-    status = {(c.data.params["model"], c.data.params["cache"]): c.data.tags["kvsweep.status"] for c in children}
+    status = statuses(run.tracking_uri, "model", "cache")
     assert status[("tiny-llama", "dynamic")] == "ok"
     assert status[("tiny-llama", "static")] == "oom"
     assert status[("tiny-llama", "offloaded")] == "skipped"
@@ -204,9 +204,7 @@ def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
         "ray.cell_timeout_s=20",
         "+testing.faults=[{match: {cache: static}, fault: hang}]",
     )
-    _, children = cell_runs(run.tracking_uri)
-    status = {c.data.params["cache"]: c.data.tags["kvsweep.status"] for c in children}
-    assert status == {"dynamic": "ok", "static": "timeout"}
+    assert statuses(run.tracking_uri, "cache") == {"dynamic": "ok", "static": "timeout"}
     assert run.code == 1
 
 
