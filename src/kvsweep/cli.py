@@ -7,6 +7,7 @@ from kvsweep.errors import ClusterError, ConfigError
 USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep (default: quickstart)
        python -m kvsweep dry_run=true [...]              print the grid and plan, start nothing
        python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's results table from MLflow
+       python -m kvsweep sync [PATH]                     send journaled results MLflow missed (idempotent)
 
 Config keys (Hydra overrides), e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]:
 """
@@ -17,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help", "help"):
         print(USAGE + config_help())
         return 0
+    if args and args[0] == "sync":
+        from kvsweep.sync_cli import sync_main
+
+        return sync_main(args[1:])
     if args and args[0] == "report":
         from kvsweep.report_cli import report_main
 

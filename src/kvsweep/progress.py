@@ -39,6 +39,12 @@ class SweepProgress:
         )
         print(f"{self.line()} | {result.status}: {label} {detail[:120]}", file=self.stream, flush=True)
 
+    def resumed(self, result: CellResult, counts_as_run: bool) -> None:
+        """A result an earlier invocation already logged: counted, not printed, not in the ETA."""
+        self.counts[result.status] += 1
+        if counts_as_run:
+            self.to_run -= 1
+
     def line(self) -> str:
         done = sum(self.counts.values())
         elapsed = time.monotonic() - self.started_at

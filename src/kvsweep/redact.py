@@ -19,3 +19,24 @@ def redact_uri(uri: str) -> str:
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+_SECRET_ENV = re.compile(r"(?i)(token|secret|password|passwd|api_?key|access_?key|credential)")
+_URI_CREDENTIALS = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
+MIN_SECRET_CHARS = 6
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    """Values of environment variables whose names say they are secrets (HF_TOKEN, AWS_SECRET_ACCESS_KEY...)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    values = {v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= MIN_SECRET_CHARS}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, environ: dict[str, str] | None = None) -> str:
+    """Secrets from the environment and `user:pass@` in URIs, replaced by *** (messages, tracebacks)."""
+    for value in secret_values(environ):
+        text = text.replace(value, "***")
+    return _URI_CREDENTIALS.sub("***@", text)

@@ -4,11 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
-from kvsweep.grid import CELL_FIELDS
-from kvsweep.results import CellResult
 from kvsweep.table import results_csv, results_table
-
-INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 
 
 def report_main(argv: list[str]) -> int:
@@ -21,7 +17,7 @@ def report_main(argv: list[str]) -> int:
 
     from mlflow import MlflowClient
 
-    from kvsweep.tracking import PARENT_ID_TAG, default_tracking_uri
+    from kvsweep.tracking import PARENT_ID_TAG, default_tracking_uri, result_from_run
 
     client = MlflowClient(tracking_uri=default_tracking_uri(args.tracking_uri))
     parent_id = args.run_id
@@ -44,7 +40,7 @@ def report_main(argv: list[str]) -> int:
     cells = client.search_runs(
         [parent.info.experiment_id], f"tags.`{PARENT_ID_TAG}` = '{parent_id}'", max_results=50000
     )
-    results = [_from_run(run) for run in cells]
+    results = [result_from_run(run) for run in cells]
     table = results_table(results)
     print(f"sweep {parent.data.tags.get('kvsweep.sweep', '?')} (parent run {parent_id}): {len(results)} cells\n")
     print(table)
@@ -53,18 +49,3 @@ def report_main(argv: list[str]) -> int:
         (args.out / "results.csv").write_text(results_csv(results))
         (args.out / "results.txt").write_text(table)
     return 0
-
-
-def _from_run(run) -> CellResult:
-    params, tags = run.data.params, run.data.tags
-    cell = {f: params.get(f, "") for f in CELL_FIELDS}
-    for key in INT_PARAMS:
-        cell[key] = int(cell[key])
-    cell["compile"] = cell["compile"] == "true"
-    return CellResult(
-        tags.get("kvsweep.cell_id", ""),
-        cell,
-        tags.get("kvsweep.status", "?"),
-        error=tags.get("kvsweep.error", ""),
-        metrics=dict(run.data.metrics),
-    )

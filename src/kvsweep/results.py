@@ -7,6 +7,8 @@ OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED = "ok", "oom", "skipped", "error", "ti
 STATUSES = (OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED)
 # Statuses that count as a result for the exit code; the others make the sweep exit 1.
 RESULT_STATUSES = frozenset({OK, OOM, SKIPPED})
+# Statuses the driver retries in a fresh actor (the cell itself never said anything).
+RETRIED_STATUSES = frozenset({CRASHED, TIMEOUT})
 
 
 @dataclass
@@ -21,6 +23,7 @@ class CellResult:
     traceback: str = ""
     wall_s: float = 0.0  # whole cell, actor start to result, seen by the driver
     attempt: int = 1
+    tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags (kvsweep.oom_kind, kvsweep.inferred)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

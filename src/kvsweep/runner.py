@@ -119,8 +119,12 @@ def run_cell(
         _measure(cell, protocol, faults or [], trust_remote_code, result)
     except torch.OutOfMemoryError as exc:
         _fail(result, OOM, exc)
+        result.tags["kvsweep.oom_kind"] = "device"
     except RuntimeError as exc:
-        _fail(result, OOM if "out of memory" in str(exc).lower() else ERROR, exc)
+        out_of_memory = "out of memory" in str(exc).lower()
+        _fail(result, OOM if out_of_memory else ERROR, exc)
+        if out_of_memory:
+            result.tags["kvsweep.oom_kind"] = "device" if protocol.device == "cuda" else "host"
     except Exception as exc:
         _fail(result, ERROR, exc)
     return result.to_dict()

@@ -1,7 +1,8 @@
-"""Run cells on Ray: one fresh actor per cell, bounded concurrency, timeouts, crash retries.
+"""Run cells on Ray: one fresh actor per cell, bounded concurrency, timeouts, retries in the driver.
 
 Results stream back in completion order through `on_result`. Ray's own retries are off (a Ray retry
-would re-run work in a new process behind our back); the driver retries crashed cells itself.
+would re-run work in a new process behind our back); the driver retries crashed and timed-out cells
+itself, each attempt in a fresh actor. `admit` may answer for a cell without running it (inferred OOM).
 """
 
 import time
@@ -12,7 +13,7 @@ from typing import Any
 
 import ray
 
-from kvsweep.results import CRASHED, ERROR, OOM, TIMEOUT, CellResult
+from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
 
 POLL_S = 0.5
 
@@ -53,53 +54,79 @@ class _Running:
     started: float = field(default_factory=time.monotonic)
 
 
-def run_cells(
-    jobs: list[Job],
-    protocol: dict[str, Any],
-    limits: Limits,
-    on_result: Callable[[CellResult], None],
-    on_start: Callable[[Job], None] = lambda job: None,
-    faults: list[dict[str, Any]] | None = None,
-    trust_remote_code: bool = False,
-) -> None:
-    use_gpus = protocol["device"] == "cuda"
-    actor_class = ray.remote(
-        num_cpus=limits.cpus_per_cell,
-        num_gpus=limits.gpus_per_cell if use_gpus else 0,
-        max_restarts=0,
-        max_task_retries=0,
-    )(CellActor)
-    waiting: deque[Job] = deque(jobs)
-    running: dict[Any, _Running] = {}
-    while waiting or running:
-        while waiting and len(running) < limits.max_concurrent:
-            job = waiting.popleft()
-            actor = actor_class.remote()
-            ref = actor.run.remote(job.cell, protocol, faults or [], trust_remote_code)
-            running[ref] = _Running(job, actor)
-            on_start(job)
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
-        for ref in ready:
-            entry = running.pop(ref)
-            result = _collect(ref, entry)
-            ray.kill(entry.actor, no_restart=True)
-            if result.status == CRASHED and entry.job.attempt <= limits.max_retries:
-                waiting.appendleft(Job(entry.job.cell_id, entry.job.cell, entry.job.attempt + 1))
+class CellScheduler:
+    def __init__(
+        self,
+        protocol: dict[str, Any],
+        limits: Limits,
+        faults: list[dict[str, Any]] | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        self.protocol = protocol
+        self.limits = limits
+        self.faults = faults or []
+        self.trust_remote_code = trust_remote_code
+        self.running: dict[Any, _Running] = {}
+        self.actor_class = ray.remote(
+            num_cpus=limits.cpus_per_cell,
+            num_gpus=limits.gpus_per_cell if protocol["device"] == "cuda" else 0,
+            max_restarts=0,
+            max_task_retries=0,
+        )(CellActor)
+
+    def run(
+        self,
+        jobs: list[Job],
+        on_result: Callable[[CellResult], None],
+        on_start: Callable[[Job], None] = lambda job: None,
+        admit: Callable[[Job], CellResult | None] = lambda job: None,
+    ) -> None:
+        waiting: deque[Job] = deque(jobs)
+        while waiting or self.running:
+            while waiting and len(self.running) < self.limits.max_concurrent:
+                job = waiting.popleft()
+                answered = admit(job)
+                if answered is not None:
+                    on_result(answered)
+                    continue
+                actor = self.actor_class.remote()
+                ref = actor.run.remote(job.cell, self.protocol, self.faults, self.trust_remote_code)
+                self.running[ref] = _Running(job, actor)
+                on_start(job)
+            if not self.running:
                 continue
-            on_result(result)
-        now = time.monotonic()
-        for ref, entry in list(running.items()):
-            if now - entry.started > limits.cell_timeout_s:
-                ray.kill(entry.actor, no_restart=True)
-                running.pop(ref)
-                on_result(_driver_result(entry, TIMEOUT, f"no result after {limits.cell_timeout_s:g} s; actor killed"))
+            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=POLL_S)
+            finished = [(ref, _collect(ref, self.running[ref])) for ref in ready]
+            now = time.monotonic()
+            for ref, entry in self.running.items():
+                if ref not in ready and now - entry.started > self.limits.cell_timeout_s:
+                    message = f"no result after {self.limits.cell_timeout_s:g} s; actor killed"
+                    finished.append((ref, _driver_result(entry, TIMEOUT, message)))
+            for ref, result in finished:
+                entry = self.running.pop(ref)
+                ray.kill(entry.actor, no_restart=True)  # frees its GPU for the next cell at once
+                if result.status in RETRIED_STATUSES and entry.job.attempt <= self.limits.max_retries:
+                    waiting.appendleft(Job(entry.job.cell_id, entry.job.cell, entry.job.attempt + 1))
+                    continue
+                on_result(result)
+
+    def kill_all(self) -> list[Job]:
+        """Stop every live cell now (Ctrl-C); returns the jobs that were running."""
+        jobs = []
+        for entry in self.running.values():
+            ray.kill(entry.actor, no_restart=True)
+            jobs.append(entry.job)
+        self.running.clear()
+        return jobs
 
 
 def _collect(ref: Any, entry: _Running) -> CellResult:
     try:
         data = ray.get(ref)
     except ray.exceptions.OutOfMemoryError as exc:
-        return _driver_result(entry, OOM, f"host OOM: Ray's memory monitor killed the cell ({_first_line(exc)})")
+        result = _driver_result(entry, OOM, f"host OOM: Ray's memory monitor killed the cell ({_first_line(exc)})")
+        result.tags["kvsweep.oom_kind"] = "host"
+        return result
     except ray.exceptions.RayActorError as exc:
         return _driver_result(entry, CRASHED, f"cell process died: {_first_line(exc)}")
     except ray.exceptions.RayTaskError as exc:

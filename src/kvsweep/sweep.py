@@ -3,16 +3,23 @@
 Modules are used in the data's direction only; this file wires them and owns the exit code.
 """
 
+import hashlib
+import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from kvsweep.grid import Protocol, cell_id, expand_grid
-from kvsweep.journal import Journal
+from kvsweep.journal import Journal, SweepHeader
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config
 from kvsweep.plan import PlannedCell, plan_cell
 from kvsweep.progress import SweepProgress
-from kvsweep.redact import redact_uri
+from kvsweep.prune import OomPruner, size_order
+from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, RESULT_STATUSES, SKIPPED, CellResult
 from kvsweep.table import MIB, results_csv, results_table
 
@@ -66,11 +73,42 @@ def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:
     return 0
 
 
+def sweep_key(cfg: dict[str, Any]) -> str:
+    """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run."""
+    identity = {k: cfg[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
+    identity["experiment"] = cfg["mlflow"]["experiment"]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise Interrupted("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from kvsweep import ray_session
-    from kvsweep.scheduler import Job, Limits, run_cells
+    from kvsweep.scheduler import CellScheduler, Job, Limits
+    from kvsweep.sink import MlflowSink
     from kvsweep.tracking import SweepTracker, default_tracking_uri, runs_url
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
 
     tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts
     session = ray_session.connect(cfg["ray"]["address"])
@@ -80,48 +118,60 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         ray_session.check_fits(device, session, ray_cfg["gpus_per_cell"], ray_cfg["cpus_per_cell"])
         protocol = protocol_of(cfg, device)
         planned, problems = plan_sweep(cfg, device)
-        text = plan_text(planned, problems, device)
-        (run_dir / "plan.txt").write_text(text)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "plan.txt").write_text(plan_text(planned, problems, device))
 
-        tracker = SweepTracker(tracking_uri, cfg["mlflow"]["experiment"])
-        parent = tracker.start_sweep(
-            cfg["name"],
-            {
-                "name": cfg["name"],
-                "cells": len(planned),
-                "device": device,
-                **{f"measure.{k}": v for k, v in cfg["measure"].items()},
-            },
-            config_yaml,
-            text,
+        params = {
+            "name": cfg["name"],
+            "cells": len(planned),
+            "device": device,
+            "trust_remote_code": cfg["trust_remote_code"],
+            **{f"measure.{k}": v for k, v in cfg["measure"].items()},
+        }
+        header = SweepHeader(
+            cfg["name"], sweep_key(cfg), cfg["mlflow"]["experiment"], tracking_uri, device, config_yaml, params
         )
-        print(
-            f"sweep {cfg['name']}: {len(planned)} cells on {device}; MLflow "
-            f"{redact_uri(tracking_uri)} parent run {parent}",
-            file=out,
-            flush=True,
-        )
-        jobs, results = [], []
-        progress = SweepProgress(len(planned), sum(p.runs and p.cell.model not in problems for p in planned), out)
-        shape_only = {m: classify(m).kind == "preset" for m in cfg["grid"]["models"]}
-
         journal = Journal(run_dir)
+        journal.write_header(header)
+        sink = MlflowSink(SweepTracker(tracking_uri, header.experiment), journal, header, say)
+        done = sink.open(resume=not cfg["rerun"])
+        say(
+            f"sweep {cfg['name']}: {len(planned)} cells on {device}; trust_remote_code={cfg['trust_remote_code']}; "
+            f"MLflow {redact_uri(tracking_uri)} parent run {sink.parent_run_id or '(pending)'}"
+        )
+
+        results: list[CellResult] = []
+        jobs: list[Job] = []
+        to_run = sum(p.runs and p.cell.model not in problems for p in planned)
+        progress = SweepProgress(len(planned), to_run, out)
+        pruner = OomPruner(cfg["infer_oom"])
 
         def record(result: CellResult, ran: bool = True) -> None:
+            result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
             results.append(result)
             journal.append(result)  # on disk before MLflow sees it
-            tags = {"kvsweep.shape_only": str(shape_only[result.cell["model"]]).lower()}
-            tracker.log_cell(result, cfg["name"], device, tags)
+            pruner.observe(result)
+            sink.finished(result)
             progress.finished(result, ran)
 
         for p in planned:
             cid = cell_id(p.cell, protocol)
-            if p.cell.model in problems:
+            if cid in done:
+                results.append(done[cid])
+                pruner.observe(done[cid])
+                progress.resumed(done[cid], counts_as_run=p.runs)
+            elif p.cell.model in problems:
                 record(CellResult(cid, p.cell.to_dict(), ERROR, error=problems[p.cell.model]), ran=False)
             elif not p.runs:
                 record(CellResult(cid, p.cell.to_dict(), SKIPPED, error=p.skip_reason or ""), ran=False)
             else:
                 jobs.append(Job(cid, p.cell.to_dict()))
+        if done:
+            say(
+                f"resuming: {len(done)} of {len(planned)} cells already have results in parent run "
+                f"{sink.parent_run_id}; rerun=true starts afresh"
+            )
+        jobs.sort(key=size_order)  # small before large, so an OOM can spare the larger cells
 
         limits = Limits(
             gpus_per_cell=ray_cfg["gpus_per_cell"],
@@ -130,30 +180,43 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             cell_timeout_s=ray_cfg["cell_timeout_s"],
             max_retries=ray_cfg["max_retries"],
         )
-        run_cells(
-            jobs,
-            protocol.to_dict(),
-            limits,
-            record,
-            lambda job: progress.started(),
-            cfg["testing"]["faults"],
-            cfg["trust_remote_code"],
-        )
+        scheduler = CellScheduler(protocol.to_dict(), limits, cfg["testing"]["faults"], cfg["trust_remote_code"])
+
+        def started(job: Job) -> None:
+            progress.started()
+            sink.started(job.cell_id, job.cell)
+
+        try:
+            with sigterm_interrupts():
+                scheduler.run(jobs, record, started, pruner.admit)
+        except KeyboardInterrupt as exc:
+            killed = scheduler.kill_all()
+            sink.interrupt([(job.cell_id, job.cell) for job in killed])
+            journal.write_end("KILLED", progress.counts_by_status())
+            say(
+                f"\ninterrupted ({exc or 'SIGINT'}): {len(killed)} running cells killed; {len(results)} results kept "
+                f"in {journal.path}. Run the same command again to resume."
+            )
+            return 143 if isinstance(exc, Interrupted) else 130
 
         table = results_table(results)
-        csv_text = results_csv(results)
-        (run_dir / "results.csv").write_text(csv_text)
+        (run_dir / "results.csv").write_text(results_csv(results))
         (run_dir / "results.txt").write_text(table)
-        tracker.finish_sweep(progress.counts_by_status(), csv_text, table, "FINISHED")
-        print(f"\n{table}\n", file=out)
-        print(
-            f"MLflow: {redact_uri(tracking_uri)}  experiment {cfg['mlflow']['experiment']!r}  parent run {parent}",
-            file=out,
-        )
-        if not tracking_uri.startswith(("http://", "https://")):
-            print(f"  mlflow ui --backend-store-uri {tracking_uri}", file=out)
-        print(f"  runs: {runs_url(tracking_uri, tracker.experiment_id)}", file=out)
-        print(f"  local copy: {run_dir}", file=out)
+        counts = progress.counts_by_status()
+        journal.write_end("FINISHED", counts)
+        unsent = sink.close("FINISHED", counts)
+        say(f"\n{table}\n")
+        say(f"MLflow: {redact_uri(tracking_uri)}  experiment {header.experiment!r}  parent run {sink.parent_run_id}")
+        if unsent:
+            say(
+                f"  MLflow could not take every result; they are safe in {journal.path}. Send them with:\n"
+                f"  python -m kvsweep sync {run_dir}"
+            )
+        else:
+            if not tracking_uri.startswith(("http://", "https://")):
+                say(f"  mlflow ui --backend-store-uri {tracking_uri}")
+            say(f"  runs: {runs_url(tracking_uri, sink.tracker.experiment_id)}")
+        say(f"  local copy: {run_dir}")
         return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
     finally:
         ray_session.shutdown(session)

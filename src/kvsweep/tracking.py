@@ -1,23 +1,35 @@
-"""The only writer to MLflow: one parent run per sweep, one child run per cell.
+"""MLflow operations of the driver (the only writer): one parent run per sweep, one child run per cell.
 
 Names follow DESIGN.md's contract so MLflow's chart and compare views work without cleanup:
-axes as params, numbers as metrics, status and identity as tags.
+axes as params, numbers as metrics, status and identity as tags. Every method may raise when MLflow
+is unreachable; `sink.py` decides what to do about it.
 """
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 
 from kvsweep.redact import redact_uri
-from kvsweep.results import OK, CellResult
+from kvsweep.results import CellResult
 
 PARENT_ID_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
+SWEEP_KEY_TAG = "kvsweep.sweep_key"
+CARRIED_TAGS = ("kvsweep.inferred", "kvsweep.oom_kind", "kvsweep.shape_only")
+INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
+# MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries
+# itself with backoff and keeps results in its journal meanwhile. Users can still override these.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
 
 
 def default_tracking_uri(configured: str) -> str:
@@ -47,65 +59,114 @@ class SweepTracker:
         # MLflow prints a "View run" link per run with the URI as given, credentials included;
         # kvsweep prints its own, redacted, link instead.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
         self.tracking_uri = tracking_uri
+        self.experiment = experiment
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        self.parent_run_id = ""
+        self._experiment_id = ""
 
-    def start_sweep(self, name: str, params: dict[str, Any], config_yaml: str, plan_text: str) -> str:
+    @property
+    def experiment_id(self) -> str:
+        """Looked up (or created) on first use, so a tracker can exist while MLflow is down."""
+        if not self._experiment_id:
+            found = self.client.get_experiment_by_name(self.experiment)
+            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+        return self._experiment_id
+
+    # -- the sweep's parent run
+    def find_sweep(self, sweep_key: str) -> str | None:
+        """The latest parent run of this exact sweep (same config and experiment), to resume."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`kvsweep.role` = 'sweep' and tags.`{SWEEP_KEY_TAG}` = '{sweep_key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
+
+    def start_sweep(self, name: str, sweep_key: str, params: dict[str, Any], config_yaml: str) -> str:
         run = self.client.create_run(
             self.experiment_id,
             run_name=name,
-            tags={"kvsweep.role": "sweep", "kvsweep.sweep": name},
+            tags={"kvsweep.role": "sweep", "kvsweep.sweep": name, SWEEP_KEY_TAG: sweep_key},
         )
-        self.parent_run_id = run.info.run_id
-        self.client.log_batch(self.parent_run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        self.client.log_text(self.parent_run_id, config_yaml, "config.yaml")
-        self.client.log_text(self.parent_run_id, plan_text, "plan.txt")
-        return self.parent_run_id
+        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self.client.log_text(run.info.run_id, config_yaml, "config.yaml")
+        return run.info.run_id
 
-    def log_cell(self, result: CellResult, sweep_name: str, device: str, extra_tags: dict[str, str]) -> str:
-        cell = result.cell
+    def reopen_sweep(self, parent_run_id: str) -> None:
+        self.client.update_run(parent_run_id, status="RUNNING")
+
+    def log_sweep_files(self, parent_run_id: str, files: dict[str, str], tags: dict[str, str]) -> None:
+        if tags:
+            self.client.log_batch(parent_run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        for name, text in files.items():
+            self.client.log_text(parent_run_id, text, name)
+
+    def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
+        now = _now_ms()
+        self.client.log_batch(
+            parent_run_id,
+            metrics=[Metric(f"cells_{k}", float(v), now, 0) for k, v in counts.items()],
+            tags=[RunTag("kvsweep.counts", " ".join(f"{k}={v}" for k, v in counts.items() if v))],
+        )
+        self.client.set_terminated(parent_run_id, status)
+
+    # -- the cells' child runs
+    def child_runs(self, parent_run_id: str) -> dict[str, Run]:
+        """Child runs by cell id (the latest one where, against the contract, there are several)."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`{PARENT_ID_TAG}` = '{parent_run_id}'",
+            max_results=50000,
+            order_by=["attributes.start_time ASC"],
+        )
+        return {r.data.tags.get("kvsweep.cell_id", r.info.run_id): r for r in runs}
+
+    def open_cell(self, parent_run_id: str, cell_id: str, cell: dict[str, Any], device: str, sweep: str) -> str:
+        """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight."""
         tags = {
-            PARENT_ID_TAG: self.parent_run_id,
+            PARENT_ID_TAG: parent_run_id,
             RUN_NAME_TAG: cell_run_name(cell),
             "kvsweep.role": "cell",
-            "kvsweep.sweep": sweep_name,
-            "kvsweep.cell_id": result.cell_id,
+            "kvsweep.sweep": sweep,
+            "kvsweep.cell_id": cell_id,
+        }
+        run = self.client.create_run(self.experiment_id, run_name=tags[RUN_NAME_TAG], tags=tags)
+        params = [Param(k, str(cell[k]).lower() if k == "compile" else str(cell[k])) for k in PARAM_KEYS]
+        params.append(Param("device", device))
+        self.client.log_batch(run.info.run_id, params=params)
+        return run.info.run_id
+
+    def finish_cell(self, run_id: str, result: CellResult, device: str, extra_tags: dict[str, str]) -> None:
+        tags = {
             "kvsweep.status": result.status,
             "kvsweep.attempt": str(result.attempt),
             "kvsweep.device_name": str(result.environment.get("device_name", device)),
             **{f"kvsweep.env.{k}": str(v) for k, v in result.environment.items() if k != "device_name"},
+            **result.tags,
             **extra_tags,
         }
         if result.error:
             tags["kvsweep.error"] = result.error[:5000]
-        run = self.client.create_run(self.experiment_id, run_name=tags[RUN_NAME_TAG], tags=tags)
-        run_id = run.info.run_id
-        params = [Param(k, str(cell[k]).lower() if k == "compile" else str(cell[k])) for k in PARAM_KEYS]
-        params.append(Param("device", device))
         now = _now_ms()
         metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items() if v is not None and math.isfinite(v)]
         metrics.append(Metric("cell_wall_s", result.wall_s, now, 0))
-        self.client.log_batch(run_id, metrics=metrics, params=params)
+        self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
         if result.samples:
             self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
         if result.traceback:
             self.client.log_text(run_id, result.traceback, "traceback.txt")
-        self.client.set_terminated(run_id, "FINISHED" if result.status == OK else _terminal(result.status))
-        return run_id
+        self.client.set_terminated(run_id, mlflow_status(result.status))
 
-    def finish_sweep(self, counts: dict[str, int], results_csv: str, summary_text: str, status: str) -> None:
-        now = _now_ms()
-        self.client.log_batch(
-            self.parent_run_id,
-            metrics=[Metric(f"cells_{k}", float(v), now, 0) for k, v in counts.items()],
-            tags=[RunTag("kvsweep.counts", " ".join(f"{k}={v}" for k, v in counts.items() if v))],
-        )
-        self.client.log_text(self.parent_run_id, results_csv, "results.csv")
-        self.client.log_text(self.parent_run_id, summary_text, "results.txt")
-        self.client.set_terminated(self.parent_run_id, status)
+    def kill_cell(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "KILLED")
+
+
+def mlflow_status(status: str) -> str:
+    # ok/skipped/oom are results, not failures; MLflow's FAILED is kept for error, timeout, crash.
+    return "FINISHED" if status in ("ok", "skipped", "oom") else "FAILED"
 
 
 def cell_run_name(cell: dict[str, Any]) -> str:
@@ -115,12 +176,23 @@ def cell_run_name(cell: dict[str, Any]) -> str:
     )
 
 
-def _terminal(status: str) -> str:
-    # skipped/oom are results, not failures; MLflow's FAILED is kept for error, timeout, crash.
-    return "FINISHED" if status in ("skipped", "oom") else "FAILED"
-
-
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
+
+
+def result_from_run(run: Run) -> CellResult:
+    """A child run read back as a result (metrics and status; samples stay in its artifact)."""
+    params, tags = run.data.params, run.data.tags
+    cell = {f: params.get(f, "") for f in PARAM_KEYS}
+    for key in INT_PARAMS:
+        cell[key] = int(cell[key])
+    cell["compile"] = cell["compile"] == "true"
+    return CellResult(
+        tags.get("kvsweep.cell_id", ""),
+        cell,
+        tags.get("kvsweep.status", "?"),
+        error=tags.get("kvsweep.error", ""),
+        metrics=dict(run.data.metrics),
+        attempt=int(tags.get("kvsweep.attempt", "1")),
+        tags={k: tags[k] for k in CARRIED_TAGS if k in tags},
+    )

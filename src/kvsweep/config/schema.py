@@ -72,6 +72,8 @@ class KvSweepConfig:
     device: str = _help("auto", "auto, cuda or cpu")
     trust_remote_code: bool = _help(False, "allow Hub models' own code (off unless you turn it on)")
     dry_run: bool = _help(False, "print the grid and plan, start nothing")
+    rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")
+    infer_oom: bool = _help(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
     ray: RayConfig = field(default_factory=RayConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     testing: TestingConfig = field(default_factory=TestingConfig)

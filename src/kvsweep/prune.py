@@ -1,0 +1,45 @@
+"""OOM inference: a cell that ran out of memory implies the same for larger cells of its family.
+
+Family = model, dtype, cache, compile. A cell at least as large on every size axis (batch, context,
+new tokens) as a cell that ran out of memory is recorded as `oom` with `kvsweep.inferred=true`
+instead of being run. Jobs are ordered small to large so this can work.
+"""
+
+from typing import Any
+
+from kvsweep.results import OOM, CellResult
+from kvsweep.scheduler import Job
+
+SIZE_AXES = ("batch_size", "context_length", "max_new_tokens")
+FAMILY = ("model", "dtype", "cache", "compile")
+
+
+def size_order(job: Job) -> tuple[int, int]:
+    cell = job.cell
+    return (cell["batch_size"] * (cell["context_length"] + cell["max_new_tokens"]), cell["batch_size"])
+
+
+class OomPruner:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.out_of_memory: list[tuple[dict[str, Any], str]] = []  # (cell, oom kind)
+
+    def observe(self, result: CellResult) -> None:
+        if result.status == OOM and result.tags.get("kvsweep.inferred") != "true":
+            self.out_of_memory.append((result.cell, result.tags.get("kvsweep.oom_kind", "device")))
+
+    def admit(self, job: Job) -> CellResult | None:
+        """None: run it. A result: it is known to run out of memory."""
+        if not self.enabled:
+            return None
+        for smaller, kind in self.out_of_memory:
+            if all(job.cell[k] == smaller[k] for k in FAMILY) and all(job.cell[k] >= smaller[k] for k in SIZE_AXES):
+                cause = f"ctx={smaller['context_length']} bs={smaller['batch_size']} new={smaller['max_new_tokens']}"
+                return CellResult(
+                    job.cell_id,
+                    job.cell,
+                    OOM,
+                    error=f"inferred: the smaller cell {cause} already ran out of memory",
+                    tags={"kvsweep.inferred": "true", "kvsweep.oom_kind": kind},
+                )
+        return None

@@ -1,0 +1,165 @@
+"""The live sweep's connection to MLflow: never loses a result, never stops the sweep.
+
+Every result is already in the journal when it reaches the sink. If MLflow fails, the sink says so
+once, keeps the results queued and retries with backoff as the sweep goes on; at the end it makes a
+last bounded attempt and tells the user how to `sync` whatever is left.
+"""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvsweep.delivery import SWEEP_FILES, ensure_parent, send_result, sync_journal
+from kvsweep.journal import JOURNAL_NAME, Journal, SweepHeader
+from kvsweep.redact import redact_text
+from kvsweep.results import RESULT_STATUSES, CellResult
+from kvsweep.tracking import SweepTracker, result_from_run
+
+MAX_BACKOFF_S = 60.0
+FINAL_ATTEMPTS = 3
+
+
+class MlflowSink:
+    def __init__(
+        self, tracker: SweepTracker, journal: Journal, header: SweepHeader, say: Callable[[str], None]
+    ) -> None:
+        self.tracker = tracker
+        self.journal = journal
+        self.header = header
+        self.say = say
+        self.parent_run_id: str | None = None
+        self.cell_runs: dict[str, str] = {}
+        self.pending: list[CellResult] = []
+        self.down = False
+        self.backoff_s = 1.0
+        self.retry_at = 0.0
+
+    # -- connection state
+    def _failed(self, exc: BaseException) -> None:
+        if not self.down:
+            self.say(
+                f"MLflow is not answering ({redact_text(_first_line(exc))}); the sweep goes on, results stay in "
+                f"{self.journal.path} and are retried"
+            )
+        else:
+            self.backoff_s = min(self.backoff_s * 2, MAX_BACKOFF_S)
+        self.down = True
+        self.retry_at = time.monotonic() + self.backoff_s
+
+    def _recovered(self) -> None:
+        if self.down:
+            self.say("MLflow is answering again; queued results sent")
+        self.down, self.backoff_s = False, 1.0
+
+    def _may_try(self) -> bool:
+        return not self.down or time.monotonic() >= self.retry_at
+
+    # -- the sweep
+    def open(self, resume: bool) -> dict[str, CellResult]:
+        """Find (resume) or start the parent run; returns the cells MLflow already has results for."""
+        try:
+            return self._open(resume)
+        except Exception as exc:
+            self._failed(exc)
+            return {}
+
+    def _open(self, resume: bool) -> dict[str, CellResult]:
+        found = self.tracker.find_sweep(self.header.sweep_key) if resume else None
+        if found is None:
+            self._set_parent(
+                self.tracker.start_sweep(
+                    self.header.name, self.header.sweep_key, self.header.params, self.header.config_yaml
+                )
+            )
+            return {}
+        self._set_parent(found)
+        self.tracker.reopen_sweep(found)
+        self._sync_previous_journal(found)
+        children = self.tracker.child_runs(found)
+        self.cell_runs = {cid: run.info.run_id for cid, run in children.items()}
+        done = {cid: result_from_run(run) for cid, run in children.items()}
+        return {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
+
+    def _set_parent(self, run_id: str) -> None:
+        self.parent_run_id = run_id
+        self.journal.write_parent(run_id)
+        self.tracker.log_sweep_files(run_id, {}, {"kvsweep.run_dir": str(self.journal.path.parent.resolve())})
+
+    def _sync_previous_journal(self, parent_run_id: str) -> None:
+        """Results an earlier, interrupted invocation journaled but never sent (MLflow was down)."""
+        run = self.tracker.client.get_run(parent_run_id)
+        previous = run.data.tags.get("kvsweep.run_dir")
+        if previous and Path(previous) != self.journal.path.parent.resolve():
+            journal = Path(previous) / JOURNAL_NAME
+            if journal.exists():
+                sent, _ = sync_journal(journal, self.tracker.tracking_uri)
+                if sent:
+                    self.say(f"sent {sent} results that the previous run journaled in {previous}")
+
+    def started(self, cell_id: str, cell: dict[str, Any]) -> None:
+        """Best effort: a RUNNING child run shows the cell in flight."""
+        if self.parent_run_id is None or cell_id in self.cell_runs or not self._may_try():
+            return
+        try:
+            self.cell_runs[cell_id] = self.tracker.open_cell(
+                self.parent_run_id, cell_id, cell, self.header.device, self.header.name
+            )
+        except Exception as exc:
+            self._failed(exc)
+
+    def finished(self, result: CellResult) -> None:
+        self.pending.append(result)
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.pending or not self._may_try():
+            return
+        try:
+            if self.parent_run_id is None:
+                self._set_parent(ensure_parent(self.tracker, self.header, None))
+            while self.pending:
+                send_result(self.tracker, self.parent_run_id, self.cell_runs, self.pending[0], self.header)
+                self.pending.pop(0)
+            self._recovered()
+        except Exception as exc:
+            self._failed(exc)
+
+    def close(self, status: str, counts: dict[str, int]) -> int:
+        """Last attempts to send everything and end the parent run; returns how many results are unsent."""
+        for attempt in range(FINAL_ATTEMPTS):
+            if attempt:
+                time.sleep(min(self.backoff_s, 5.0))
+            self.retry_at = 0.0
+            self.flush()
+            if not self.pending and self.parent_run_id is not None:
+                break
+        if self.pending or self.parent_run_id is None:
+            return len(self.pending)
+        try:
+            run_dir = self.journal.path.parent
+            files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
+            self.tracker.log_sweep_files(self.parent_run_id, files, {})
+            self.tracker.finish_sweep(self.parent_run_id, counts, status)
+        except Exception as exc:
+            self._failed(exc)
+            return -1
+        return 0
+
+    def interrupt(self, running: list[tuple[str, dict[str, Any]]]) -> None:
+        """Ctrl-C/SIGTERM: the running cells' child runs and the parent end as KILLED (best effort)."""
+        if self.parent_run_id is None:
+            return
+        try:
+            for cell_id, _ in running:
+                if cell_id in self.cell_runs:
+                    self.tracker.kill_cell(self.cell_runs[cell_id])
+            self.flush()
+            self.tracker.client.set_terminated(self.parent_run_id, "KILLED")
+        except Exception as exc:
+            self._failed(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
