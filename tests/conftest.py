@@ -51,9 +51,12 @@ def run_sweep(ray_cluster, tmp_path):
     """Run `python -m kvsweep` in this process (sharing the session's Ray) with a tmp MLflow store."""
     from kvsweep.cli import main
 
+    calls = []
+
     def run(*overrides: str, experiment: str = "kvsweep") -> SweepRun:
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        run_dir = tmp_path / "run"
+        calls.append(overrides)
+        run_dir = tmp_path / ("run" if len(calls) == 1 else f"run{len(calls)}")
         out, err = io.StringIO(), io.StringIO()
         args = [
             *FAST,

@@ -69,7 +69,7 @@ def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:
 
     device = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     planned, problems = plan_sweep(cfg, device)
-    print(f"sweep {cfg['name']} (dry run)\n{plan_text(planned, problems, device)}", file=out)
+    print(redact_text(f"sweep {cfg['name']} (dry run)\n{plan_text(planned, problems, device)}"), file=out)
     return 0
 
 
@@ -111,6 +111,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         print(text, file=out, flush=True)
 
     tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts
+    config_yaml = redact_text(config_yaml)
     session = ray_session.connect(cfg["ray"]["address"])
     try:
         device = ray_session.resolve_device(cfg["device"], session)
@@ -119,7 +120,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         protocol = protocol_of(cfg, device)
         planned, problems = plan_sweep(cfg, device)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "plan.txt").write_text(plan_text(planned, problems, device))
+        (run_dir / "plan.txt").write_text(redact_text(plan_text(planned, problems, device)))
 
         params = {
             "name": cfg["name"],
@@ -148,6 +149,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
 
         def record(result: CellResult, ran: bool = True) -> None:
             result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
+            result.cell = {**result.cell, "model": redact_text(str(result.cell["model"]))}
             results.append(result)
             journal.append(result)  # on disk before MLflow sees it
             pruner.observe(result)

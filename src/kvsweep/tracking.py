@@ -14,7 +14,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
-from kvsweep.redact import redact_uri
+from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import CellResult
 
 PARENT_ID_TAG = "mlflow.parentRunId"
@@ -133,8 +133,9 @@ class SweepTracker:
             "kvsweep.sweep": sweep,
             "kvsweep.cell_id": cell_id,
         }
+        tags = {k: redact_text(v) for k, v in tags.items()}
         run = self.client.create_run(self.experiment_id, run_name=tags[RUN_NAME_TAG], tags=tags)
-        params = [Param(k, str(cell[k]).lower() if k == "compile" else str(cell[k])) for k in PARAM_KEYS]
+        params = [Param(k, redact_text(str(cell[k]).lower() if k == "compile" else str(cell[k]))) for k in PARAM_KEYS]
         params.append(Param("device", device))
         self.client.log_batch(run.info.run_id, params=params)
         return run.info.run_id
@@ -153,7 +154,7 @@ class SweepTracker:
         now = _now_ms()
         metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items() if v is not None and math.isfinite(v)]
         metrics.append(Metric("cell_wall_s", result.wall_s, now, 0))
-        self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, redact_text(v)) for k, v in tags.items()])
         if result.samples:
             self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
         if result.traceback:

@@ -20,6 +20,7 @@ from kvsweep.config.locations import conf_dir, sweep_dirs
 from kvsweep.config.schema import KvSweepConfig, register_schema
 from kvsweep.config.validate import validate
 from kvsweep.errors import ConfigError
+from kvsweep.redact import redact_text
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"
@@ -115,5 +116,5 @@ def save_run_config(composed: Composed) -> None:
     """Like Hydra's own `.hydra/` folder: what was asked and what it resolved to."""
     hydra_dir = composed.run_dir / ".hydra"
     hydra_dir.mkdir(parents=True, exist_ok=True)
-    (hydra_dir / "config.yaml").write_text(composed.yaml)
-    (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(composed.overrides)))
+    (hydra_dir / "config.yaml").write_text(redact_text(composed.yaml))
+    (hydra_dir / "overrides.yaml").write_text(redact_text(OmegaConf.to_yaml(OmegaConf.create(composed.overrides))))
