@@ -92,3 +92,57 @@ def statuses(tracking_uri: str, *params: str, experiment: str = "kvsweep") -> di
         key = tuple(child.data.params[p] for p in params)
         by[key[0] if len(key) == 1 else key] = child.data.tags["kvsweep.status"]
     return by
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mlflow_server(store_dir: Path, port: int):
+    """A real `mlflow server` on 127.0.0.1, ready when this returns; the caller stops it."""
+    import subprocess
+    import time
+    import urllib.request
+
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{store_dir}/server.db",
+            "--artifacts-destination",
+            str(store_dir / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return server
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("mlflow server did not start") from None
+            time.sleep(1)
+
+
+def stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except Exception:
+        process.kill()

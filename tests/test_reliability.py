@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, cell_runs, statuses
+from conftest import FAST, cell_runs, free_port, start_mlflow_server, statuses, stop
 from kvsweep.cli import main
 from kvsweep.journal import Journal
 
@@ -18,7 +18,9 @@ QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 def test_oom_spares_larger_cells_of_the_same_family(run_sweep):
     run = run_sweep(
-        "grid.context_lengths=[64,128]", "grid.batch_sizes=[1,2]", "grid.caches=[dynamic,static]",
+        "grid.context_lengths=[64,128]",
+        "grid.batch_sizes=[1,2]",
+        "grid.caches=[dynamic,static]",
         "+testing.faults=[{match: {cache: static, context_length: 64, batch_size: 1}, fault: oom}]",
     )
     assert run.code == 0
@@ -33,8 +35,12 @@ def test_oom_spares_larger_cells_of_the_same_family(run_sweep):
 
 
 def test_oom_inference_can_be_turned_off(run_sweep):
-    run = run_sweep("grid.context_lengths=[64,128]", "grid.caches=[static]", "infer_oom=false",
-                    "+testing.faults=[{match: {cache: static, context_length: 64}, fault: oom}]")
+    run = run_sweep(
+        "grid.context_lengths=[64,128]",
+        "grid.caches=[static]",
+        "infer_oom=false",
+        "+testing.faults=[{match: {cache: static, context_length: 64}, fault: oom}]",
+    )
     _, children = cell_runs(run.tracking_uri)
     assert statuses(run.tracking_uri, "context_length") == {"64": "oom", "128": "ok"}
     assert not any(c.data.tags.get("kvsweep.inferred") for c in children)
@@ -64,8 +70,16 @@ def test_same_command_resumes_and_rerun_starts_afresh(run_sweep):
 
 
 def _sweep_cmd(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "kvsweep", *FAST, "grid.caches=[dynamic,static,quantized-hqq-int4]",
-            "grid.context_lengths=[64,128]", f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "kvsweep",
+        *FAST,
+        "grid.caches=[dynamic,static,quantized-hqq-int4]",
+        "grid.context_lengths=[64,128]",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+        *extra,
+    ]
 
 
 def _wait_for_lines(journal: Path, count: int, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -81,19 +95,35 @@ def _wait_for_lines(journal: Path, count: int, proc: subprocess.Popen, timeout: 
 def test_driver_killed_with_sigkill_then_rerun_completes_without_duplicates(tmp_path):
     env = {**os.environ, **QUIET}
     hang = "+testing.faults=[{match: {cache: quantized-hqq-int4, context_length: 64}, fault: hang}]"
-    proc = subprocess.Popen(_sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", hang), cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", hang),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     _wait_for_lines(tmp_path / "a" / "journal.jsonl", 2, proc)
     time.sleep(2)  # the hung cell is running now
     proc.kill()
     proc.wait(timeout=30)
     os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None  # Ray's processes with it
-    before = {c.data.tags["kvsweep.cell_id"] for c in cell_runs(f"sqlite:///{tmp_path}/mlflow.db")[1]
-              if "kvsweep.status" in c.data.tags}
+    before = {
+        c.data.tags["kvsweep.cell_id"]
+        for c in cell_runs(f"sqlite:///{tmp_path}/mlflow.db")[1]
+        if "kvsweep.status" in c.data.tags
+    }
     assert len(before) >= 2
 
-    rerun = subprocess.run(_sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/b"), cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(
+        _sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/b"),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     parents, children = cell_runs(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(parents) == 1 and len(children) == 6
@@ -115,8 +145,14 @@ def _group_alive(pgid: int) -> bool:
 def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path, signum):
     env = {**os.environ, **QUIET}
     hang = "+testing.faults=[{match: {cache: static, context_length: 64}, fault: hang}]"
-    proc = subprocess.Popen(_sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", hang), cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", hang),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for_lines(tmp_path / "a" / "journal.jsonl", 1, proc)
     time.sleep(8)  # the hung static cell is running
     sent = time.monotonic()
@@ -152,3 +188,50 @@ def test_sync_is_idempotent_and_reports_what_it_sent(run_sweep, capsys):
     assert main(["sync", str(run.run_dir)]) == 0
     assert "sent 0, already in MLflow 1" in capsys.readouterr().out
     assert main(["sync", str(run.run_dir.parent / "nope")]) == 2
+
+
+def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(tmp_path):
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, **QUIET}
+    cmd = _sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", f"mlflow.tracking_uri={uri}")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_lines(tmp_path / "a" / "journal.jsonl", 1, proc)
+        stop(server)  # MLflow goes away after the first result
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        stop(server)
+    assert proc.returncode == 0, out  # every cell reached a result; the sweep did not stop
+    assert out.count("MLflow is not answering") == 1
+    assert f"python -m kvsweep sync {tmp_path}/a" in out
+    assert len(Journal(tmp_path / "a").read().results) == 6
+
+    server = start_mlflow_server(tmp_path, port)  # the same store comes back
+    try:
+        sync = subprocess.run(
+            [sys.executable, "-m", "kvsweep", "sync", str(tmp_path / "a"), "--tracking-uri", uri],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert sync.returncode == 0, sync.stdout + sync.stderr
+        assert "already in MLflow" in sync.stdout and "sent 0," not in sync.stdout
+        parents, children = cell_runs(uri)
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+        assert len(children) == 6 and {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
+        assert len({c.data.tags["kvsweep.cell_id"] for c in children}) == 6
+
+        again = subprocess.run(
+            [sys.executable, "-m", "kvsweep", "sync", str(tmp_path), "--tracking-uri", uri],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert again.returncode == 0 and "sent 0, already in MLflow 6" in again.stdout
+        assert len(cell_runs(uri)[1]) == 6  # nothing twice
+    finally:
+        stop(server)

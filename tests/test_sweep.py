@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from conftest import cell_runs, statuses
+from conftest import cell_runs, free_port, start_mlflow_server, statuses, stop
 from kvsweep.cli import main
 from kvsweep.journal import Journal
 
@@ -144,42 +144,9 @@ def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):
 
 def test_sweep_logs_to_a_real_mlflow_server(ray_cluster, tmp_path, capsys):
     """An http:// tracking URI: a real `mlflow server` on 127.0.0.1, credentials redacted in output."""
-    import socket
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/server.db",
-            "--artifacts-destination",
-            str(tmp_path / "art"),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not start"
-                time.sleep(1)
         uri = f"http://user:s3cret@127.0.0.1:{port}"
         code = main([*_fast(), "grid.caches=[dynamic]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path}/r"])
         out = capsys.readouterr().out
@@ -188,8 +155,7 @@ def test_sweep_logs_to_a_real_mlflow_server(ray_cluster, tmp_path, capsys):
         _, children = cell_runs(f"http://127.0.0.1:{port}")
         assert len(children) == 1 and children[0].data.tags["kvsweep.status"] == "ok"
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        stop(server)
 
 
 def _fast():

@@ -9,10 +9,18 @@ from kvsweep.redact import redact_text
 
 def sync_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvsweep sync")
-    parser.add_argument("path", nargs="?", default="outputs", type=Path,
-                        help="a run's output folder, or a folder holding several (default: outputs)")
-    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI", ""),
-                        help="default: MLFLOW_TRACKING_URI, else the URI each run used")
+    parser.add_argument(
+        "path",
+        nargs="?",
+        default="outputs",
+        type=Path,
+        help="a run's output folder, or a folder holding several (default: outputs)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI", ""),
+        help="default: MLFLOW_TRACKING_URI, else the URI each run used",
+    )
     args = parser.parse_args(argv)
 
     from kvsweep.delivery import sync_journal
