@@ -29,6 +29,17 @@ BAD_CONFIGS = [
     (["ray.cell_timeout_s=0"], "ray.cell_timeout_s must be positive", ""),
     (["+sweep=nope"], "unknown sweep", "long_context"),
     (["grid.models=[' ']"], "grid.models[0] is empty", ""),
+    (["measure.warmup=-1"], "measure.warmup must be >= 0", ""),
+    (["measure.seed=abc"], "measure.seed", "Integer"),
+    (["ray.gpus_per_cell=0"], "ray.gpus_per_cell must be >= 1", ""),
+    (["ray.cpus_per_cell=0"], "ray.cpus_per_cell must be >= 1", ""),
+    (["ray.max_concurrent=-1"], "ray.max_concurrent must be >= 0", ""),
+    (["ray.cell_timeout_s=soon"], "ray.cell_timeout_s", "Float"),
+    (["mlflow.experiment=''"], "mlflow.experiment is empty", ""),
+    (["dry_run=maybe"], "dry_run", "bool"),
+    (["rerun=maybe"], "rerun", "bool"),
+    (["infer_oom=perhaps"], "infer_oom", "bool"),
+    (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
 ]
 
 
