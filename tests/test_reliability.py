@@ -235,3 +235,31 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(tmp_path):
         assert len(cell_runs(uri)[1]) == 6  # nothing twice
     finally:
         stop(server)
+
+
+def test_host_ram_kill_by_rays_memory_monitor_is_host_oom(tmp_path):
+    """A real kill: Ray's memory monitor with a threshold below what the node already uses."""
+    env = {**os.environ, **QUIET, "RAY_memory_usage_threshold": "0.02", "RAY_memory_monitor_refresh_ms": "100"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvsweep",
+            *FAST,
+            "grid.caches=[dynamic]",
+            "ray.max_retries=0",
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            f"hydra.run.dir={tmp_path}/r",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # oom is a result
+    _, children = cell_runs(f"sqlite:///{tmp_path}/mlflow.db")
+    assert len(children) == 1
+    tags = children[0].data.tags
+    assert tags["kvsweep.status"] == "oom" and tags["kvsweep.oom_kind"] == "host"
+    assert "memory monitor" in tags["kvsweep.error"]

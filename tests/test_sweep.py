@@ -106,6 +106,7 @@ def test_oom_alone_is_still_exit_0(run_sweep):
     assert run.code == 0
     _, children = cell_runs(run.tracking_uri)
     assert sorted(c.data.tags["kvsweep.status"] for c in children) == ["ok", "oom"]
+    assert [c.data.tags.get("kvsweep.oom_kind") for c in children if c.data.params["cache"] == "static"] == ["device"]
     journaled = Journal(run.run_dir).read().results  # the local journal holds the same results as MLflow
     assert sorted(r.status for r in journaled) == ["ok", "oom"]
     assert {r.cell_id for r in journaled} == {c.data.tags["kvsweep.cell_id"] for c in children}
