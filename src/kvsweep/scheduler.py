@@ -5,6 +5,7 @@ would re-run work in a new process behind our back); the driver retries crashed 
 itself, each attempt in a fresh actor. `admit` may answer for a cell without running it (inferred OOM).
 """
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -114,7 +115,8 @@ class CellScheduler:
         """Stop every live cell now (Ctrl-C); returns the jobs that were running."""
         jobs = []
         for entry in self.running.values():
-            ray.kill(entry.actor, no_restart=True)
+            with contextlib.suppress(Exception):  # Ctrl-C in a terminal may have reached Ray's processes too
+                ray.kill(entry.actor, no_restart=True)
             jobs.append(entry.job)
         self.running.clear()
         return jobs

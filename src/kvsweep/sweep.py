@@ -100,6 +100,20 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """A second Ctrl-C must not cut the cleanup after the first one short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from kvsweep import ray_session
@@ -192,9 +206,10 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             with sigterm_interrupts():
                 scheduler.run(jobs, record, started, pruner.admit)
         except KeyboardInterrupt as exc:
-            killed = scheduler.kill_all()
-            sink.interrupt([(job.cell_id, job.cell) for job in killed])
-            journal.write_end("KILLED", progress.counts_by_status())
+            with interrupts_ignored():
+                killed = scheduler.kill_all()
+                sink.interrupt([(job.cell_id, job.cell) for job in killed])
+                journal.write_end("KILLED", progress.counts_by_status())
             say(
                 f"\ninterrupted ({exc or 'SIGINT'}): {len(killed)} running cells killed; {len(results)} results kept "
                 f"in {journal.path}. Run the same command again to resume."
