@@ -5,15 +5,12 @@ Modules are used in the data's direction only; this file wires them and owns the
 
 import hashlib
 import json
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from kvsweep.grid import Protocol, cell_id, expand_grid
+from kvsweep.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
 from kvsweep.journal import Journal, SweepHeader
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config
 from kvsweep.plan import PlannedCell, plan_cell
@@ -78,40 +75,6 @@ def sweep_key(cfg: dict[str, Any]) -> str:
     identity = {k: cfg[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
     identity["experiment"] = cfg["mlflow"]["experiment"]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
-
-
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise Interrupted("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def interrupts_ignored() -> Iterator[None]:
-    """A second Ctrl-C must not cut the cleanup after the first one short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO | None = None) -> int:
