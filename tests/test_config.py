@@ -39,6 +39,7 @@ BAD_CONFIGS = [
     (["dry_run=maybe"], "dry_run", "bool"),
     (["rerun=maybe"], "rerun", "bool"),
     (["infer_oom=perhaps"], "infer_oom", "bool"),
+    (["ray.resources={nvme: 1}"], "ray.resources is a map", "+ray.resources.nvme=VALUE"),
     (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
 ]
 

@@ -31,6 +31,14 @@ def describe_environment(device: str) -> dict[str, Any]:
         "python_version": platform.python_version(),
     }
     if device == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
         env["cuda_version"] = torch.version.cuda
-        env["gpu_index"] = torch.cuda.current_device()
+        env["gpu_index"] = index
+        env["gpu_uuid"] = gpu_uuid(index)
     return env
+
+
+def gpu_uuid(index: int) -> str:
+    """NVML-style `GPU-...` id of a visible device: stable across processes, unlike its index."""
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", ""))
+    return uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"

@@ -1,7 +1,7 @@
 """Start or join Ray quietly, and read what the cluster offers before asking it for anything."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvsweep.errors import ClusterError
 
@@ -59,12 +59,55 @@ def resolve_device(requested: str, session: RaySession) -> str:
     return requested
 
 
-def check_fits(device: str, session: RaySession, gpus_per_cell: int, cpus_per_cell: int) -> None:
-    """Work no node can hold waits forever in Ray: refuse it up front instead."""
-    if device == "cuda" and gpus_per_cell > session.gpus:
-        raise ClusterError(f"ray.gpus_per_cell={gpus_per_cell} but the cluster has {session.gpus:g} GPUs")
-    if cpus_per_cell > session.cpus:
-        raise ClusterError(f"ray.cpus_per_cell={cpus_per_cell} but the cluster has {session.cpus:g} CPUs")
+@dataclass(frozen=True)
+class CellNeeds:
+    """What one cell's actor asks Ray for."""
+
+    gpus: int
+    cpus: int
+    accelerator_type: str = ""
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def as_resources(self) -> dict[str, float]:
+        needs = {"CPU": float(self.cpus), **self.resources}
+        if self.gpus:
+            needs["GPU"] = float(self.gpus)
+        if self.accelerator_type:
+            needs[f"{ACCELERATOR_PREFIX}{self.accelerator_type}"] = 0.001
+        return needs
+
+    def actor_options(self) -> dict[str, object]:
+        options: dict[str, object] = {"num_cpus": self.cpus, "num_gpus": self.gpus}
+        if self.accelerator_type:
+            options["accelerator_type"] = self.accelerator_type
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+
+ACCELERATOR_PREFIX = "accelerator_type:"
+BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
+
+
+def check_fits(needs: CellNeeds) -> None:
+    """Work no node can hold waits forever in Ray: refuse it up front, saying what the cluster has."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    wanted = needs.as_resources()
+    if any(all(node.get(k, 0.0) >= v for k, v in wanted.items()) for node in nodes):
+        return
+    kinds = sorted({k.removeprefix(ACCELERATOR_PREFIX) for n in nodes for k in n if k.startswith(ACCELERATOR_PREFIX)})
+    custom = sorted(
+        {k for n in nodes for k in n if k not in BUILTIN and not k.startswith(("node:", ACCELERATOR_PREFIX))}
+    )
+    largest = max(nodes, key=lambda n: n.get("GPU", 0.0), default={})
+    asked = ", ".join(f"{k}={v:g}" for k, v in wanted.items())
+    raise ClusterError(
+        f"no node of the Ray cluster can hold one cell ({asked}); the cluster has {len(nodes)} nodes, "
+        f"at most {largest.get('GPU', 0):g} GPUs and {largest.get('CPU', 0):g} CPUs on one node, GPU kinds: "
+        f"{', '.join(kinds) or 'none labelled'}, custom resources: {', '.join(custom) or 'none'}"
+    )
 
 
 def shutdown(session: RaySession) -> None:

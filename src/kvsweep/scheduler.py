@@ -6,6 +6,7 @@ itself, each attempt in a fresh actor. `admit` may answer for a cell without run
 """
 
 import contextlib
+import importlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 import ray
 
+from kvsweep.ray_session import CellNeeds
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
 
 POLL_S = 0.5
@@ -22,20 +24,28 @@ POLL_S = 0.5
 class CellActor:
     """Lives for exactly one cell so that nothing (memory, compiled graphs, threads) leaks between cells."""
 
-    def run(self, cell: dict, protocol: dict, faults: list, trust_remote_code: bool) -> dict:
-        from kvsweep.runner import run_cell
+    def run(self, cell: dict, protocol: dict, testing: dict, trust_remote_code: bool) -> dict:
+        started_at = time.time()
+        if testing.get("runner"):
+            module, _, function = testing["runner"].partition(":")
+            result = getattr(importlib.import_module(module), function)(cell, protocol, testing)
+        else:
+            from kvsweep.runner import run_cell
 
-        result = run_cell(cell, protocol, faults, trust_remote_code)
+            result = run_cell(cell, protocol, testing.get("faults", []), trust_remote_code)
         context = ray.get_runtime_context()
-        result["environment"]["ray_node_id"] = context.get_node_id()
-        result["environment"]["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        result["environment"].update(
+            ray_node_id=context.get_node_id(),
+            gpu_ids=",".join(str(g) for g in ray.get_gpu_ids()),
+            started_at=started_at,
+            ended_at=time.time(),
+        )
         return result
 
 
 @dataclass(frozen=True)
 class Limits:
-    gpus_per_cell: int
-    cpus_per_cell: int
+    needs: CellNeeds
     max_concurrent: int
     cell_timeout_s: float
     max_retries: int
@@ -60,20 +70,15 @@ class CellScheduler:
         self,
         protocol: dict[str, Any],
         limits: Limits,
-        faults: list[dict[str, Any]] | None = None,
+        testing: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         self.protocol = protocol
         self.limits = limits
-        self.faults = faults or []
+        self.testing = testing or {}
         self.trust_remote_code = trust_remote_code
         self.running: dict[Any, _Running] = {}
-        self.actor_class = ray.remote(
-            num_cpus=limits.cpus_per_cell,
-            num_gpus=limits.gpus_per_cell if protocol["device"] == "cuda" else 0,
-            max_restarts=0,
-            max_task_retries=0,
-        )(CellActor)
+        self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **limits.needs.actor_options())(CellActor)
 
     def run(
         self,
@@ -91,7 +96,7 @@ class CellScheduler:
                     on_result(answered)
                     continue
                 actor = self.actor_class.remote()
-                ref = actor.run.remote(job.cell, self.protocol, self.faults, self.trust_remote_code)
+                ref = actor.run.remote(job.cell, self.protocol, self.testing, self.trust_remote_code)
                 self.running[ref] = _Running(job, actor)
                 on_start(job)
             if not self.running:

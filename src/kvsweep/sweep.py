@@ -93,7 +93,13 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
     try:
         device = ray_session.resolve_device(cfg["device"], session)
         ray_cfg = cfg["ray"]
-        ray_session.check_fits(device, session, ray_cfg["gpus_per_cell"], ray_cfg["cpus_per_cell"])
+        needs = ray_session.CellNeeds(
+            gpus=ray_cfg["gpus_per_cell"] if device == "cuda" else 0,
+            cpus=ray_cfg["cpus_per_cell"],
+            accelerator_type=ray_cfg["accelerator_type"],
+            resources=ray_cfg["resources"],
+        )
+        ray_session.check_fits(needs)
         protocol = protocol_of(cfg, device)
         planned, problems = plan_sweep(cfg, device)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,13 +159,12 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         jobs.sort(key=size_order)  # small before large, so an OOM can spare the larger cells
 
         limits = Limits(
-            gpus_per_cell=ray_cfg["gpus_per_cell"],
-            cpus_per_cell=ray_cfg["cpus_per_cell"],
+            needs=needs,
             max_concurrent=max_concurrent(ray_cfg["max_concurrent"], device, session.gpus, ray_cfg["gpus_per_cell"]),
             cell_timeout_s=ray_cfg["cell_timeout_s"],
             max_retries=ray_cfg["max_retries"],
         )
-        scheduler = CellScheduler(protocol.to_dict(), limits, cfg["testing"]["faults"], cfg["trust_remote_code"])
+        scheduler = CellScheduler(protocol.to_dict(), limits, cfg["testing"], cfg["trust_remote_code"])
 
         def started(job: Job) -> None:
             progress.started()

@@ -89,8 +89,11 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
         message = _first_line(cause)
         if "not in" in message or "is not in struct" in message:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
+            allowed = allowed_keys(parent)
+            if allowed == "?":  # a map such as ray.resources: its keys are the user's to add
+                return f"{parent} is a map; add '{key}' with a plus: '+{key}=VALUE' or '+{parent}={{...}}'"
             where = f" under {parent}" if parent else ""
-            return f"unknown config key '{key}'; allowed keys{where}: {allowed_keys(parent)}"
+            return f"unknown config key '{key}'; allowed keys{where}: {allowed}"
         if key.startswith("grid.") and "ListConfig" in message:
             return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
         return f"{key}: {message}" if key else message

@@ -42,7 +42,9 @@ class RayConfig:
     cpus_per_cell: int = _help(1, "CPUs Ray reserves per cell")
     max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
     cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
-    max_retries: int = _help(1, "retries of a crashed cell, each in a fresh actor")
+    max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor")
+    accelerator_type: str = _help("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
+    resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}")
 
 
 @dataclass
@@ -62,6 +64,8 @@ class FaultConfig:
 @dataclass
 class TestingConfig:
     faults: list[FaultConfig] = _help(list, "test-only fault injection; leave empty")
+    runner: str = _help("", "test-only: 'module:function' measuring a cell instead of kvsweep's runner")
+    sleep_s: float = _help(0.0, "test-only: how long the stand-in runner 'measures'")
 
 
 @dataclass
