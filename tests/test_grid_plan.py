@@ -1,5 +1,7 @@
 """Grid expansion and the plan's run/skip decisions."""
 
+import pytest
+
 from kvsweep.grid import Cell, Protocol, cell_id, expand_grid
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.resolve import classify, kv_shape, load_config
@@ -88,3 +90,37 @@ def test_model_references_are_classified(tmp_path):
     assert classify("smollm2-135m").kind == "preset"
     assert classify(str(tmp_path)).kind == "local"
     assert classify("org/some-model").kind == "hub"
+
+
+@pytest.mark.parametrize(("model", "dtype"), [("tiny-llama", "float32"), ("smollm2-135m", "bfloat16")])
+def test_predicted_weights_equal_the_built_models_parameter_bytes(model, dtype):
+    from kvsweep.caches import get_strategy
+    from kvsweep.memory_plan import estimate_peak
+    from kvsweep.models.build import build_model
+    from kvsweep.models.resolve import parameter_count
+
+    config = load_config(classify(model))
+    built = build_model(classify(model), dtype, "cpu", seed=0)
+    measured = sum(p.numel() * p.element_size() for p in built.parameters())
+    cell = Cell(model, dtype, 128, 1, 8, "dynamic", False)
+    estimate = estimate_peak(cell, get_strategy("dynamic"), kv_shape(config), parameter_count(config))
+    assert estimate.weights_bytes == measured
+
+
+def test_cells_predicted_not_to_fit_are_skipped_on_cuda():
+    from kvsweep.models.resolve import parameter_count
+
+    config = load_config(classify("llama-3.1-8b"))
+    shape, params = kv_shape(config), parameter_count(config)
+    small = Cell("llama-3.1-8b", "bfloat16", 4096, 1, 128, "dynamic", False)
+    huge = Cell("llama-3.1-8b", "bfloat16", 130944, 4, 128, "dynamic", False)
+    gpu = 80 * 1024**3
+    assert plan_cell(small, "cuda", shape, parameters=params, device_bytes=gpu).runs
+    skipped = plan_cell(huge, "cuda", shape, parameters=params, device_bytes=gpu)
+    assert skipped.skip_reason.startswith("predicted oom: needs") and "of 80.0 GiB" in skipped.skip_reason
+    assert plan_cell(huge, "cuda", shape, parameters=params, device_bytes=gpu, skip_predicted_oom=False).runs
+    assert skipped.memory.weights_bytes == params * 2 and params == 8_030_261_248  # Llama-3.1-8B's published size
+    quantized = plan_cell(
+        Cell(**{**huge.to_dict(), "cache": "quantized-hqq-int2"}), "cuda", shape, parameters=params, device_bytes=gpu
+    )
+    assert quantized.memory.kv_device_bytes < skipped.memory.kv_device_bytes / 6

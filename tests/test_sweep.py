@@ -27,6 +27,7 @@ CELL_METRICS = {
     "peak_host_rss_bytes",
     "token_agreement",
     "repeats",
+    "predicted_peak_device_mem_bytes",
 }
 
 
@@ -125,6 +126,10 @@ def test_dry_run_prints_plan_and_starts_nothing(tmp_path, capsys):
     assert code == 0
     assert "llama-3.1-8b bfloat16 ctx=130944 bs=4" in out and "quantized-hqq-int2" in out
     assert "MiB" in out and not (tmp_path / "m.db").exists()
+    assert "predicted oom" not in out  # no GPU size known here: nothing skipped on a guess
+    assert main(["+sweep=long_context", "dry_run=true", "planner.device_memory_gb=80"]) == 0
+    sized = capsys.readouterr().out
+    assert "ctx=130944 bs=4 new=128 dynamic" in sized and "skip: predicted oom: needs" in sized
 
 
 def test_report_rebuilds_the_table_from_mlflow(run_sweep, capsys, tmp_path):

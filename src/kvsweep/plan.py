@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from kvsweep.caches import get_strategy
 from kvsweep.estimate import dense_kv_bytes, stored_kv_bytes
 from kvsweep.grid import Cell
+from kvsweep.memory_plan import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
 from kvsweep.models.resolve import KvShape
 
 
@@ -16,6 +17,7 @@ class PlannedCell:
     skip_reason: str | None  # None: run it
     kv_dense_bytes: int | None = None
     kv_stored_bytes: int | None = None
+    memory: MemoryEstimate | None = None  # predicted device memory (when the model's size is known)
 
     @property
     def runs(self) -> bool:
@@ -34,15 +36,30 @@ def plan_cell(
     device: str,
     shape: KvShape | None,
     is_installed: Callable[[str], bool] = package_installed,
+    parameters: int | None = None,
+    device_bytes: int | None = None,
+    skip_predicted_oom: bool = True,
 ) -> PlannedCell:
-    """`shape` is None when the model's config could not be read here (the runner reports why)."""
+    """`shape` is None when the model's config could not be read here (the runner reports why).
+
+    With the model's parameter count and the smallest GPU's size known, a CUDA cell predicted not to
+    fit is planned as skipped (unless `skip_predicted_oom` is off).
+    """
     strategy = get_strategy(cell.cache)
-    dense = stored = None
+    dense = stored = memory = None
     if shape is not None:
         dense = dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
         stored = stored_kv_bytes(strategy, shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+        if parameters is not None:
+            memory = estimate_peak(cell, strategy, shape, parameters)
     reason = skip_reason(cell, device, shape, is_installed)
-    return PlannedCell(cell, reason, dense, stored)
+    gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
+    if reason is None and memory is not None and gpu_known and not fits(memory, device_bytes or 0):
+        reason = (
+            f"predicted oom: needs {memory.peak_bytes / GIB:.1f} GiB "
+            f"(+{CUDA_CONTEXT_BYTES / GIB:.0f} GiB CUDA context) of {(device_bytes or 0) / GIB:.1f} GiB"
+        )
+    return PlannedCell(cell, reason, dense, stored, memory)
 
 
 def skip_reason(cell: Cell, device: str, shape: KvShape | None, is_installed: Callable[[str], bool]) -> str | None:

@@ -54,6 +54,12 @@ class MlflowConfig:
 
 
 @dataclass
+class PlannerConfig:
+    device_memory_gb: float = _help(0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any")
+    skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
+
+
+@dataclass
 class FaultConfig:
     """Test-only seam: inject a fault into matching cells from inside `generate`."""
 
@@ -78,6 +84,7 @@ class KvSweepConfig:
     dry_run: bool = _help(False, "print the grid and plan, start nothing")
     rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")
     infer_oom: bool = _help(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     testing: TestingConfig = field(default_factory=TestingConfig)

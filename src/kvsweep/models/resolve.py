@@ -36,12 +36,15 @@ def load_config(ref: ModelRef, trust_remote_code: bool = False) -> PretrainedCon
 
 @dataclass(frozen=True)
 class KvShape:
-    """What the KV cache of one token costs, read off a model config."""
+    """The shapes that decide a model's KV cache and working memory, read off its config."""
 
     layers: int
     kv_heads: int
     head_dim: int
     max_positions: int | None
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
 
 
 def kv_shape(config: PretrainedConfig) -> KvShape:
@@ -53,4 +56,18 @@ def kv_shape(config: PretrainedConfig) -> KvShape:
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=head_dim,
         max_positions=getattr(text, "max_position_embeddings", None),
+        hidden_size=text.hidden_size,
+        intermediate_size=getattr(text, "intermediate_size", 0) or 4 * text.hidden_size,
+        vocab_size=text.vocab_size,
     )
+
+
+def parameter_count(config: PretrainedConfig) -> int:
+    """Exact parameter count (tied weights once), from a model built on the meta device: no memory, no time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,70 @@
+"""Predict a cell's peak device memory from shapes alone, before anything runs.
+
+peak = weights + the KV cache as the strategy keeps it on the device + a working-set allowance.
+Weights and KV are exact arithmetic (tests check them against a built model's parameter bytes and
+measured `kv_cache_bytes`); the working set is an allowance for prefill activations, the last
+token's logits, and the per-layer K/V copies that concatenation and dequantization make.
+"""
+
+from dataclasses import dataclass
+
+from kvsweep.caches import CacheStrategy
+from kvsweep.estimate import DTYPE_BYTES, dense_kv_bytes, stored_kv_bytes
+from kvsweep.grid import Cell
+from kvsweep.models.resolve import KvShape
+
+GIB = 1024**3
+# Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
+CUDA_CONTEXT_BYTES = 1 * GIB
+OFFLOADED_DEVICE_LAYERS = 2  # the layer in use and the one being prefetched
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    kv_device_bytes: int
+    working_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.weights_bytes + self.kv_device_bytes + self.working_bytes
+
+
+def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameters: int) -> MemoryEstimate:
+    bytes_per = DTYPE_BYTES[cell.dtype]
+    tokens = cell.cached_tokens
+    stored = stored_kv_bytes(strategy, shape, tokens, cell.batch_size, cell.dtype)
+    if strategy.needs_cuda:  # offloaded: only a couple of layers live on the device at a time
+        stored = stored * OFFLOADED_DEVICE_LAYERS // max(shape.layers, 1)
+    one_layer_kv = dense_kv_bytes(shape, tokens, cell.batch_size, cell.dtype) // max(shape.layers, 1)
+    rows = cell.batch_size * cell.context_length  # prefill processes every prompt token at once
+    activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * bytes_per
+    logits = cell.batch_size * shape.vocab_size * 4 * 2  # last position, upcast to fp32, plus softmax
+    working = activations + logits + 2 * one_layer_kv
+    if strategy.implementation is None:  # no cache: every step re-runs a prefill of the whole sequence
+        working = (
+            cell.batch_size
+            * (cell.context_length + cell.max_new_tokens)
+            * (4 * shape.hidden_size + 3 * shape.intermediate_size)
+            * bytes_per
+            + logits
+            + 2 * one_layer_kv
+        )
+    return MemoryEstimate(parameters * bytes_per, stored, working)
+
+
+def fits(estimate: MemoryEstimate, device_bytes: int) -> bool:
+    return estimate.peak_bytes + CUDA_CONTEXT_BYTES <= device_bytes
+
+
+def detect_device_bytes(device: str, configured_gb: float) -> int | None:
+    """Smallest GPU a cell may land on: the configured size, else the smallest local GPU, else unknown."""
+    if configured_gb > 0:
+        return int(configured_gb * GIB)
+    if device != "cuda":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
