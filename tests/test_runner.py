@@ -43,6 +43,7 @@ def test_cpu_strategies_all_run(results):
         assert result["metrics"]["repeats"] == 3
         assert len(result["samples"]["repeats"]) == 3
         assert result["environment"]["torch_threads"] == 1
+        assert result["tags"]["kvsweep.contended"] == "unknown"  # no NVML on a CPU: said so, quietly
 
 
 def test_dynamic_kv_bytes_equal_the_formula(results):

@@ -140,6 +140,7 @@ def test_report_rebuilds_the_table_from_mlflow(run_sweep, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "dynamic" in out and "static" in out and "2 cells" in out
     assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 3
+    assert "contended" in (tmp_path / "rep" / "results.csv").read_text().splitlines()[0]
 
 
 def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):

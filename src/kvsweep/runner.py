@@ -18,6 +18,7 @@ from kvsweep.environment import describe_environment
 from kvsweep.estimate import dense_kv_bytes
 from kvsweep.faults import InjectFault, fault_for
 from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.kv_bytes import cache_bytes
 from kvsweep.measure.memory import PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
@@ -108,6 +109,7 @@ def run_cell(
     protocol_data: dict[str, Any],
     faults: list[dict[str, Any]] | None = None,
     trust_remote_code: bool = False,
+    wait_idle_gpu_s: float = 0.0,
 ) -> dict[str, Any]:
     """Entry point for the actor: plain dicts in, a plain dict out."""
     cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
@@ -116,7 +118,7 @@ def run_cell(
     result = CellResult(cell_id(cell, protocol), cell.to_dict(), OK)
     result.environment = describe_environment(protocol.device)
     try:
-        _measure(cell, protocol, faults or [], trust_remote_code, result)
+        _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result)
     except torch.OutOfMemoryError as exc:
         _fail(result, OOM, exc)
         result.tags["kvsweep.oom_kind"] = "device"
@@ -139,7 +141,12 @@ def _fail(result: CellResult, status: str, exc: BaseException) -> None:
 
 
 def _measure(
-    cell: Cell, protocol: Protocol, faults: list[dict[str, Any]], trust_remote_code: bool, result: CellResult
+    cell: Cell,
+    protocol: Protocol,
+    faults: list[dict[str, Any]],
+    trust_remote_code: bool,
+    wait_idle_gpu_s: float,
+    result: CellResult,
 ) -> None:
     strategy = get_strategy(cell.cache)
     device = protocol.device
@@ -166,7 +173,14 @@ def _measure(
     first = session.call(strategy)
     for _ in range(protocol.warmup):
         session.call(strategy)
+    sharing = SharingProbe(result.environment.get("gpu_uuid"))
+    sharing.wait_until_alone(wait_idle_gpu_s)
+    sharing.check()  # before and after the measured phase
     runs = [session.call(strategy) for _ in range(protocol.repeats)]
+    sharing.check()
+    result.tags["kvsweep.contended"] = sharing.verdict
+    if sharing.seen:
+        result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
     last = runs[-1]
     stored = cache_bytes(last.cache)
     for run in runs:

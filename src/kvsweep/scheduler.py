@@ -24,7 +24,7 @@ POLL_S = 0.5
 class CellActor:
     """Lives for exactly one cell so that nothing (memory, compiled graphs, threads) leaks between cells."""
 
-    def run(self, cell: dict, protocol: dict, testing: dict, trust_remote_code: bool) -> dict:
+    def run(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
         started_at = time.time()
         if testing.get("runner"):
             module, _, function = testing["runner"].partition(":")
@@ -32,7 +32,7 @@ class CellActor:
         else:
             from kvsweep.runner import run_cell
 
-            result = run_cell(cell, protocol, testing.get("faults", []), trust_remote_code)
+            result = run_cell(cell, protocol, testing.get("faults", []), **options)
         context = ray.get_runtime_context()
         result["environment"].update(
             ray_node_id=context.get_node_id(),
@@ -71,12 +71,13 @@ class CellScheduler:
         protocol: dict[str, Any],
         limits: Limits,
         testing: dict[str, Any] | None = None,
-        trust_remote_code: bool = False,
+        options: dict[str, Any] | None = None,
     ) -> None:
+        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s)."""
         self.protocol = protocol
         self.limits = limits
         self.testing = testing or {}
-        self.trust_remote_code = trust_remote_code
+        self.options = options or {}
         self.running: dict[Any, _Running] = {}
         self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **limits.needs.actor_options())(CellActor)
 
@@ -96,7 +97,7 @@ class CellScheduler:
                     on_result(answered)
                     continue
                 actor = self.actor_class.remote()
-                ref = actor.run.remote(job.cell, self.protocol, self.testing, self.trust_remote_code)
+                ref = actor.run.remote(job.cell, self.protocol, self.testing, self.options)
                 self.running[ref] = _Running(job, actor)
                 on_start(job)
             if not self.running:

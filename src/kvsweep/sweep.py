@@ -209,7 +209,12 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             cell_timeout_s=ray_cfg["cell_timeout_s"],
             max_retries=ray_cfg["max_retries"],
         )
-        scheduler = CellScheduler(protocol.to_dict(), limits, cfg["testing"], cfg["trust_remote_code"])
+        scheduler = CellScheduler(
+            protocol.to_dict(),
+            limits,
+            cfg["testing"],
+            {"trust_remote_code": cfg["trust_remote_code"], "wait_idle_gpu_s": cfg["measure"]["wait_for_idle_gpu_s"]},
+        )
 
         def started(job: Job) -> None:
             progress.started()

@@ -31,7 +31,7 @@ MIB = 1024 * 1024
 def results_csv(results: Iterable[CellResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", *CSV_METRICS])
+    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", "contended", *CSV_METRICS])
     for r in results:
         writer.writerow(
             [
@@ -39,6 +39,7 @@ def results_csv(results: Iterable[CellResult]) -> str:
                 *(r.cell[f] for f in CELL_FIELDS),
                 r.status,
                 r.error,
+                r.tags.get("kvsweep.contended", "unknown"),
                 *(r.metrics.get(m, "") for m in CSV_METRICS),
             ]
         )
@@ -72,6 +73,7 @@ def results_table(results: Iterable[CellResult]) -> str:
         m = r.metrics
         peak = m.get("peak_device_mem_bytes", m.get("peak_host_rss_bytes"))
         cache = r.cell["cache"] + ("+compile" if r.cell["compile"] else "")
+        status = r.status + ("*" if r.tags.get("kvsweep.contended") == "true" else "")
         rows.append(
             [
                 r.cell["model"],
@@ -80,7 +82,7 @@ def results_table(results: Iterable[CellResult]) -> str:
                 str(r.cell["batch_size"]),
                 str(r.cell["max_new_tokens"]),
                 cache,
-                r.status,
+                status,
                 _fmt(m.get("ttft_ms"), digits=2),
                 _fmt(m.get("tpot_ms"), digits=2),
                 _fmt(m.get("decode_tokens_per_s"), digits=0),
@@ -98,6 +100,8 @@ def results_table(results: Iterable[CellResult]) -> str:
         for r in sorted(results, key=_order)
         if r.error
     ]
+    if any(r.tags.get("kvsweep.contended") == "true" for r in results):
+        notes.append("  * measured while another process was using the same GPU (tag kvsweep.contended=true)")
     return "\n".join(lines + (["", *notes] if notes else []))
 
 

@@ -20,7 +20,7 @@ from kvsweep.results import CellResult
 PARENT_ID_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 SWEEP_KEY_TAG = "kvsweep.sweep_key"
-CARRIED_TAGS = ("kvsweep.inferred", "kvsweep.oom_kind", "kvsweep.shape_only")
+CARRIED_TAGS = ("kvsweep.inferred", "kvsweep.oom_kind", "kvsweep.shape_only", "kvsweep.contended")
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries

@@ -33,6 +33,7 @@ class MeasureConfig:
     repeats: int = _help(3, "measured runs behind each median")
     seed: int = _help(0, "seed for random weights and input ids")
     threads: int = _help(0, "torch intra-op threads in a cell; 0 = every core the cell process may use")
+    wait_for_idle_gpu_s: float = _help(0.0, "wait up to this long for other processes to leave the cell's GPU")
 
 
 @dataclass

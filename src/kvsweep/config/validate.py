@@ -35,6 +35,8 @@ def validate(cfg: dict[str, Any]) -> None:
     _at_least("measure.repeats", cfg["measure"]["repeats"], 1)
     _at_least("measure.warmup", cfg["measure"]["warmup"], 0)
     _at_least("measure.threads", cfg["measure"]["threads"], 0)
+    if cfg["measure"]["wait_for_idle_gpu_s"] < 0:
+        raise ConfigError(f"measure.wait_for_idle_gpu_s must be >= 0, got {cfg['measure']['wait_for_idle_gpu_s']}")
     ray = cfg["ray"]
     _at_least("ray.gpus_per_cell", ray["gpus_per_cell"], 1)
     _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 1)
