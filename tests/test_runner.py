@@ -128,3 +128,31 @@ def test_predicted_kv_bytes_equal_the_measured_ones(results):
     for name, result in results.items():
         estimate = estimate_peak(Cell(**result["cell"]), get_strategy(name), SHAPE, parameters=0)
         assert estimate.kv_device_bytes == result["metrics"]["kv_cache_bytes"], name
+
+
+@pytest.mark.parametrize(
+    ("cache", "compiled"),
+    [
+        ("static", False),
+        ("static", True),
+        ("offloaded_static", True),
+        ("offloaded", False),
+        ("quantized-hqq-int4", False),
+    ],
+)
+def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
+    """On CUDA generate would compile static caches by itself: compile=false must switch that off."""
+    import torch
+
+    from kvsweep.grid import Cell
+    from kvsweep.runner import GenerateSession
+
+    session = GenerateSession(
+        None, torch.zeros(1, 4, dtype=torch.long), Cell(**cell(cache, compile=compiled)), "cuda", fault=None
+    )
+    config = session.generation_config(get_strategy(cache))
+    assert config.disable_compile is (not compiled)
+    assert (config.compile_config is not None) is compiled
+    assert config.cache_implementation == get_strategy(cache).implementation
+    assert config.max_new_tokens == 16 and config.eos_token_id is None and config.do_sample is False
+    assert session.clock.cuda  # timestamps synchronize the device
