@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(overrides: list[str]) -> int:
     from kvsweep.config.compose import compose_config, save_run_config
-    from kvsweep.sweep import dry_run, run_sweep
+    from kvsweep.sweep import run_sweep
+    from kvsweep.sweep_plan import dry_run
 
     composed = compose_config(overrides)
     if composed.config["dry_run"]:

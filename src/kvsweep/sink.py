@@ -78,7 +78,7 @@ class MlflowSink:
         self._sync_previous_journal(found)
         children = self.tracker.child_runs(found)
         self.cell_runs = {cid: run.info.run_id for cid, run in children.items()}
-        done = {cid: result_from_run(run) for cid, run in children.items()}
+        done = {cid: result_from_run(run) for cid, run in children.items() if "kvsweep.status" in run.data.tags}
         return {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
 
     def _set_parent(self, run_id: str) -> None:

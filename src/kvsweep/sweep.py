@@ -6,110 +6,18 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvsweep.grid import Protocol, cell_id, expand_grid
+from kvsweep.grid import cell_id
 from kvsweep.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
 from kvsweep.journal import Journal, SweepHeader
-from kvsweep.memory_plan import detect_device_bytes
-from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config, parameter_count
-from kvsweep.plan import PlannedCell, plan_cell
 from kvsweep.progress import SweepProgress
 from kvsweep.prune import OomPruner, size_order
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, RESULT_STATUSES, SKIPPED, CellResult
-from kvsweep.table import MIB, results_csv, results_table
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    shape: KvShape
-    parameters: int | None  # None when the model cannot be built on the meta device here
-
-
-def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, ModelFacts], dict[str, str]]:
-    """Read each model's config once (presets instantly). Unreadable ones get an error message."""
-    facts: dict[str, ModelFacts] = {}
-    problems: dict[str, str] = {}
-    for model in models:
-        ref = classify(model)
-        try:
-            config = load_config(ref, trust_remote_code)
-        except Exception as exc:  # a typo'd preset, a missing folder, an unreachable Hub
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            problems[model] = (
-                f"model {model!r} could not be resolved: not a bundled preset, not a local folder, "
-                f"and the Hub lookup failed ({first[:200]})"
-            )
-            continue
-        try:
-            parameters: int | None = parameter_count(config)
-        except Exception:  # custom code the meta device cannot build: no prediction, still runs
-            parameters = None
-        facts[model] = ModelFacts(kv_shape(config), parameters)
-    return facts, problems
-
-
-def plan_sweep(cfg: dict[str, Any], device: str) -> tuple[list[PlannedCell], dict[str, str]]:
-    cells = expand_grid(cfg["grid"])
-    facts, problems = model_facts(cfg["grid"]["models"], cfg["trust_remote_code"])
-    planner = cfg["planner"]
-    device_bytes = detect_device_bytes(device, planner["device_memory_gb"])
-    planned = []
-    for cell in cells:
-        fact = facts.get(cell.model)
-        planned.append(
-            plan_cell(
-                cell,
-                device,
-                fact.shape if fact else None,
-                parameters=fact.parameters if fact else None,
-                device_bytes=device_bytes,
-                skip_predicted_oom=planner["skip_predicted_oom"],
-            )
-        )
-    return planned, problems
-
-
-def plan_text(planned: list[PlannedCell], problems: dict[str, str], device: str) -> str:
-    lines = [f"{len(planned)} cells on {device}; {sum(p.runs for p in planned)} to run", ""]
-    for p in planned:
-        kv = "-" if p.kv_stored_bytes is None else f"{p.kv_stored_bytes / MIB:9.2f}"
-        dense = "-" if p.kv_dense_bytes is None else f"{p.kv_dense_bytes / MIB:9.2f}"
-        peak = "-" if p.memory is None else f"{p.memory.peak_bytes / MIB:10.1f}"
-        what = problems.get(p.cell.model) or ("run" if p.runs else f"skip: {p.skip_reason}")
-        lines.append(f"{p.cell.label:70s} kv {kv} MiB (dense {dense}) peak {peak} MiB  {what}")
-    return "\n".join(lines)
-
-
-def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
-    """Logged beside the measured peak so the planner's estimate can be checked."""
-    if planned.memory is None:
-        return {}
-    m = planned.memory
-    return {
-        "predicted_peak_device_mem_bytes": float(m.peak_bytes),
-        "predicted_weights_bytes": float(m.weights_bytes),
-        "predicted_kv_device_bytes": float(m.kv_device_bytes),
-    }
-
-
-def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
-    m = cfg["measure"]
-    return Protocol(warmup=m["warmup"], repeats=m["repeats"], seed=m["seed"], device=device, threads=m["threads"])
-
-
-def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:
-    """Plan only: resolve `auto` from this machine, start nothing."""
-    out = out or sys.stdout
-    import torch
-
-    device = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    planned, problems = plan_sweep(cfg, device)
-    print(redact_text(f"sweep {cfg['name']} (dry run)\n{plan_text(planned, problems, device)}"), file=out)
-    return 0
+from kvsweep.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
+from kvsweep.table import results_csv, results_table
 
 
 def sweep_key(cfg: dict[str, Any]) -> str:
