@@ -74,9 +74,12 @@ def write_markdown(records: dict[str, dict]) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", choices=ORDER, help="benchmarks to run (default: all)")
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run, of {', '.join(ORDER)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="fewer pairs and repeats: a smoke run")
     args = parser.parse_args()
+    unknown = sorted(set(args.names) - set(ORDER))
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(ORDER)}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     for name in args.names or ORDER:
         record = run_one(name, args.quick)
