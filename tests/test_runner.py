@@ -156,3 +156,17 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     assert config.cache_implementation == get_strategy(cache).implementation
     assert config.max_new_tokens == 16 and config.eos_token_id is None and config.do_sample is False
     assert session.clock.cuda  # timestamps synchronize the device
+
+
+def test_quality_is_measured_against_the_dynamic_baseline(results):
+    """Exact caches move the distributions only by float noise; quantized ones more, the fewer bits the more."""
+    kl = {name: r["metrics"].get("kl_divergence") for name, r in results.items()}
+    assert kl["dynamic"] is None  # the baseline itself: nothing to compare
+    for exact in ("static", "static@2048", "no_cache"):
+        assert kl[exact] < 1e-6, exact
+        assert results[exact]["metrics"]["first_divergence"] == 16, exact
+    for name in ("quantized-hqq-int2", "quantized-hqq-int4", "quantized-quanto-int2", "quantized-quanto-int4"):
+        assert kl[name] > 1e-6, name
+        assert results[name]["metrics"]["kl_divergence_max"] >= kl[name]
+    assert kl["quantized-hqq-int2"] > kl["quantized-hqq-int4"] > kl["quantized-hqq-int8"]
+    assert kl["quantized-quanto-int2"] > kl["quantized-quanto-int4"]

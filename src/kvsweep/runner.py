@@ -21,6 +21,7 @@ from kvsweep.grid import Cell, Protocol, cell_id
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.kv_bytes import cache_bytes
 from kvsweep.measure.memory import PeakMemory, track_peak_memory
+from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
 from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify, kv_shape
@@ -91,6 +92,17 @@ class GenerateSession:
         if new_tokens.shape[1] != self.cell.max_new_tokens:
             raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
         return MeasuredCall(times, peak, new_tokens.cpu(), out.cache)
+
+    @torch.inference_mode()
+    def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:
+        """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
+        out = self.model.generate(
+            self.inputs,
+            attention_mask=self.mask,
+            generation_config=self.generation_config(strategy),
+            logits_processor=processors,
+        )
+        return out.sequences[:, self.inputs.shape[1] :].cpu()
 
 
 def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:
@@ -186,7 +198,7 @@ def _measure(
     for run in runs:
         run.cache = None  # free the caches before the baseline allocates its own
     model.forward = eager_forward  # the baseline's growing dynamic cache would only trigger recompiles
-    baseline = last.new_tokens if strategy.name == "dynamic" else _baseline_tokens(session)
+    quality = _quality(session, strategy, last.new_tokens, model.config.vocab_size)
 
     result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
     result.metrics.update(
@@ -194,7 +206,7 @@ def _measure(
         kv_cache_bytes=float(stored),
         kv_cache_bytes_dense=float(dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)),
         model_load_s=load_s,
-        **token_agreement(last.new_tokens, baseline),
+        **quality,
     )
     result.samples = {
         "first_call": _call_samples(first),
@@ -202,10 +214,16 @@ def _measure(
     }
 
 
-def _baseline_tokens(session: GenerateSession) -> torch.Tensor:
-    """The dynamic-cache answer on the same model and inputs, for token agreement."""
-    baseline = session.call(get_strategy("dynamic"))
-    return baseline.new_tokens
+def _quality(session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int) -> dict[str, float]:
+    """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL."""
+    if strategy.name == "dynamic":
+        return token_agreement(tokens, tokens)
+    dynamic = get_strategy("dynamic")
+    rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
+    baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)
+    prompt_length = session.inputs.shape[1]
+    kl = teacher_forced_kl(lambda p: session.generate_with(strategy, p), baseline, reference, prompt_length)
+    return {**token_agreement(tokens, baseline), **kl}
 
 
 def _call_samples(call: MeasuredCall) -> dict[str, Any]:
