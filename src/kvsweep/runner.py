@@ -7,6 +7,7 @@ import os
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,15 +123,19 @@ def run_cell(
     faults: list[dict[str, Any]] | None = None,
     trust_remote_code: bool = False,
     wait_idle_gpu_s: float = 0.0,
+    on_phase: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Entry point for the actor: plain dicts in, a plain dict out."""
+    """Entry point for the actor: plain dicts in, a plain dict out.
+
+    `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
+    """
     cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
     torch.set_num_threads(resolve_threads(protocol.threads))
     warnings.filterwarnings("ignore")
     result = CellResult(cell_id(cell, protocol), cell.to_dict(), OK)
     result.environment = describe_environment(protocol.device)
     try:
-        _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result)
+        _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
     except torch.OutOfMemoryError as exc:
         _fail(result, OOM, exc)
         result.tags["kvsweep.oom_kind"] = "device"
@@ -159,6 +164,7 @@ def _measure(
     trust_remote_code: bool,
     wait_idle_gpu_s: float,
     result: CellResult,
+    on_phase: Callable[[str], None],
 ) -> None:
     strategy = get_strategy(cell.cache)
     device = protocol.device
@@ -171,6 +177,7 @@ def _measure(
     loaded_at = time.perf_counter()
     model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
     load_s = time.perf_counter() - loaded_at
+    on_phase("built")
     shape = kv_shape(model.config)
     reason = skip_reason(cell, device, shape, package_installed)
     if reason is not None:
@@ -185,11 +192,13 @@ def _measure(
     first = session.call(strategy)
     for _ in range(protocol.warmup):
         session.call(strategy)
+    on_phase("measuring")
     sharing = SharingProbe(result.environment.get("gpu_uuid"))
     sharing.wait_until_alone(wait_idle_gpu_s)
     sharing.check()  # before and after the measured phase
     runs = [session.call(strategy) for _ in range(protocol.repeats)]
     sharing.check()
+    on_phase("measured")
     result.tags["kvsweep.contended"] = sharing.verdict
     if sharing.seen:
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
