@@ -40,6 +40,9 @@ BAD_CONFIGS = [
     (["rerun=maybe"], "rerun", "bool"),
     (["infer_oom=perhaps"], "infer_oom", "bool"),
     (["ray.resources={nvme: 1}"], "ray.resources is a map", "+ray.resources.nvme=VALUE"),
+    (["report.rank_by=speed"], "report.rank_by: unknown metric 'speed'", "tpot_ms"),
+    (["report.max_slowdown=-0.1"], "report.max_slowdown must be >= 0", ""),
+    (["report.min_token_agreement=1.5"], "report.min_token_agreement must be between 0 and 1", ""),
     (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
 ]
 

@@ -132,17 +132,6 @@ def test_dry_run_prints_plan_and_starts_nothing(tmp_path, capsys):
     assert "ctx=130944 bs=4 new=128 dynamic" in sized and "skip: predicted oom: needs" in sized
 
 
-def test_report_rebuilds_the_table_from_mlflow(run_sweep, capsys, tmp_path):
-    run = run_sweep("grid.caches=[dynamic,static]")
-    assert run.code == 0
-    capsys.readouterr()
-    assert main(["report", "--tracking-uri", run.tracking_uri, "--out", str(tmp_path / "rep")]) == 0
-    out = capsys.readouterr().out
-    assert "dynamic" in out and "static" in out and "2 cells" in out
-    assert (tmp_path / "rep" / "results.csv").read_text().count("\n") == 3
-    assert "contended" in (tmp_path / "rep" / "results.csv").read_text().splitlines()[0]
-
-
 def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):
     run = run_sweep("device=cuda")
     assert run.code == 2

@@ -15,6 +15,7 @@ from kvsweep.results import CellResult
 from kvsweep.tracking import SweepTracker
 
 SWEEP_FILES = ("plan.txt", "results.csv", "results.txt")  # logged on the parent run from the run folder
+REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
 
 
 def shape_only_tags(model: str) -> dict[str, str]:
@@ -72,5 +73,6 @@ def sync_journal(journal_path: Path, tracking_uri: str | None = None) -> tuple[i
     if contents.end is not None and tracker.client.get_run(parent).info.status == "RUNNING":
         files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
         tracker.log_sweep_files(parent, files, {})
+        tracker.log_report(parent, run_dir / REPORT_DIR)
         tracker.finish_sweep(parent, contents.end["counts"], contents.end["status"])
     return len(todo), len(results) - len(todo)

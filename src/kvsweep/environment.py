@@ -1,5 +1,6 @@
 """What a cell ran on, recorded with every result so numbers can be compared honestly."""
 
+import os
 import platform
 import socket
 from pathlib import Path
@@ -29,6 +30,7 @@ def describe_environment(device: str) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
+        "device_total_mem_bytes": device_total_bytes(device),
     }
     if device == "cuda" and torch.cuda.is_available():
         index = torch.cuda.current_device()
@@ -36,6 +38,13 @@ def describe_environment(device: str) -> dict[str, Any]:
         env["gpu_index"] = index
         env["gpu_uuid"] = gpu_uuid(index)
     return env
+
+
+def device_total_bytes(device: str) -> int:
+    """The capacity a cell's peak memory is drawn against: the GPU's memory, else the host's RAM."""
+    if device == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def gpu_uuid(index: int) -> str:

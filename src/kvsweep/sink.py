@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvsweep.delivery import SWEEP_FILES, ensure_parent, send_result, sync_journal
+from kvsweep.delivery import REPORT_DIR, SWEEP_FILES, ensure_parent, send_result, sync_journal
 from kvsweep.journal import JOURNAL_NAME, Journal, SweepHeader
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
@@ -140,6 +140,7 @@ class MlflowSink:
             run_dir = self.journal.path.parent
             files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
             self.tracker.log_sweep_files(self.parent_run_id, files, {})
+            self.tracker.log_report(self.parent_run_id, run_dir / REPORT_DIR)
             self.tracker.finish_sweep(self.parent_run_id, counts, status)
         except Exception as exc:
             self._failed(exc)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvsweep.delivery import REPORT_DIR, shape_only_tags
 from kvsweep.grid import cell_id
 from kvsweep.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
 from kvsweep.journal import Journal, SweepHeader
@@ -61,6 +62,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             "device": device,
             "trust_remote_code": cfg["trust_remote_code"],
             **{f"measure.{k}": v for k, v in cfg["measure"].items()},
+            **{f"report.{k}": v for k, v in cfg["report"].items()},
         }
         header = SweepHeader(
             cfg["name"], sweep_key(cfg), cfg["mlflow"]["experiment"], tracking_uri, device, config_yaml, params
@@ -86,6 +88,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             result.metrics.update(predicted_metrics(planned_by_id[result.cell_id]))
             result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
             result.cell = {**result.cell, "model": redact_text(str(result.cell["model"]))}
+            result.tags.update(shape_only_tags(result.cell["model"]))
             results.append(result)
             journal.append(result)  # on disk before MLflow sees it
             pruner.observe(result)
@@ -116,6 +119,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             max_concurrent=max_concurrent(ray_cfg["max_concurrent"], device, session.gpus, ray_cfg["gpus_per_cell"]),
             cell_timeout_s=ray_cfg["cell_timeout_s"],
             max_retries=ray_cfg["max_retries"],
+            prestart=ray_cfg["prestart"],
         )
         scheduler = CellScheduler(
             protocol.to_dict(),
@@ -147,8 +151,11 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         (run_dir / "results.txt").write_text(table)
         counts = progress.counts_by_status()
         journal.write_end("FINISHED", counts)
+        selection = _write_report(results, run_dir, cfg, sink, say)
         unsent = sink.close("FINISHED", counts)
         say(f"\n{table}\n")
+        if selection:
+            say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
         say(f"MLflow: {redact_uri(tracking_uri)}  experiment {header.experiment!r}  parent run {sink.parent_run_id}")
         if unsent:
             say(
@@ -163,6 +170,33 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
     finally:
         ray_session.shutdown(session)
+
+
+def _write_report(results: list[CellResult], run_dir: Path, cfg: dict[str, Any], sink: Any, say: Any) -> str:
+    """The report folder in the run folder (the sink logs it on the parent); returns the short selection.
+
+    A failure here is reported and swallowed: every measurement is already journaled and in MLflow.
+    """
+    from kvsweep.report.write import ReportContext, settings_from, write_report
+    from kvsweep.tracking import run_url
+
+    links, parent_url = {}, ""
+    try:
+        experiment_id, uri = sink.tracker.experiment_id, sink.tracker.tracking_uri
+        links = {cid: run_url(uri, experiment_id, rid) for cid, rid in sink.cell_runs.items()}
+        if sink.parent_run_id:
+            parent_url = run_url(uri, experiment_id, sink.parent_run_id)
+    except Exception:  # MLflow down: the report goes without links
+        pass
+    title = f"kvsweep report: {cfg['name']}" + (f" (parent run {sink.parent_run_id})" if sink.parent_run_id else "")
+    try:
+        report = write_report(
+            results, run_dir / REPORT_DIR, ReportContext(title, settings_from(cfg["report"]), links, parent_url)
+        )
+    except Exception as exc:
+        say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")
+        return ""
+    return report.short_form
 
 
 def max_concurrent(configured: int, device: str, gpus: float, gpus_per_cell: int) -> int:

@@ -20,6 +20,8 @@ from kvsweep.results import CellResult
 PARENT_ID_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 SWEEP_KEY_TAG = "kvsweep.sweep_key"
+ENV_TAG_PREFIX = "kvsweep.env."
+REPORT_ARTIFACT_DIR = "report"
 CARRIED_TAGS = ("kvsweep.inferred", "kvsweep.oom_kind", "kvsweep.shape_only", "kvsweep.contended")
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
@@ -52,6 +54,11 @@ def runs_url(tracking_uri: str, experiment_id: str) -> str:
     if tracking_uri.startswith(("http://", "https://")):
         return f"{redact_uri(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs"
     return f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """One run's page in the MLflow UI (for a local store: the `mlflow ui` default address)."""
+    return runs_url(tracking_uri, experiment_id).removesuffix("/runs") + f"/runs/{run_id}"
 
 
 class SweepTracker:
@@ -104,6 +111,11 @@ class SweepTracker:
         for name, text in files.items():
             self.client.log_text(parent_run_id, text, name)
 
+    def log_report(self, parent_run_id: str, folder: Path) -> None:
+        """The report folder as the parent run's `report/` artifacts (HTML, Markdown, plots)."""
+        if folder.is_dir():
+            self.client.log_artifacts(parent_run_id, str(folder), REPORT_ARTIFACT_DIR)
+
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
         now = _now_ms()
         self.client.log_batch(
@@ -145,7 +157,7 @@ class SweepTracker:
             "kvsweep.status": result.status,
             "kvsweep.attempt": str(result.attempt),
             "kvsweep.device_name": str(result.environment.get("device_name", device)),
-            **{f"kvsweep.env.{k}": str(v) for k, v in result.environment.items() if k != "device_name"},
+            **{f"{ENV_TAG_PREFIX}{k}": str(v) for k, v in result.environment.items() if k != "device_name"},
             **result.tags,
             **extra_tags,
         }
@@ -196,4 +208,9 @@ def result_from_run(run: Run) -> CellResult:
         metrics=dict(run.data.metrics),
         attempt=int(tags.get("kvsweep.attempt", "1")),
         tags={k: tags[k] for k in CARRIED_TAGS if k in tags},
+        environment={
+            "device_name": tags.get("kvsweep.device_name", ""),
+            **{k.removeprefix(ENV_TAG_PREFIX): v for k, v in tags.items() if k.startswith(ENV_TAG_PREFIX)},
+            "mlflow_run_id": run.info.run_id,
+        },
     )

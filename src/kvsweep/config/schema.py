@@ -44,6 +44,7 @@ class RayConfig:
     max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
     cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
     max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor")
+    prestart: int = _help(1, "spare cell actors started ahead: fresh processes with imports done; 0 = off")
     accelerator_type: str = _help("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
     resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}")
 
@@ -58,6 +59,13 @@ class MlflowConfig:
 class PlannerConfig:
     device_memory_gb: float = _help(0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any")
     skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
+
+
+@dataclass
+class ReportConfig:
+    rank_by: str = _help("tpot_ms", "what 'fastest' means in the selection table: tpot_ms, ttft_ms or e2e_ms")
+    max_slowdown: float = _help(0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)")
+    min_token_agreement: float = _help(0.9, "flag caches whose tokens agree with dynamic less than this (0-1)")
 
 
 @dataclass
@@ -86,6 +94,7 @@ class KvSweepConfig:
     rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")
     infer_oom: bool = _help(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     testing: TestingConfig = field(default_factory=TestingConfig)

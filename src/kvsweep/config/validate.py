@@ -8,6 +8,7 @@ from kvsweep.faults import FAULTS
 from kvsweep.models.build import DTYPES
 
 DEVICES = ("auto", "cuda", "cpu")
+RANK_BY = ("tpot_ms", "ttft_ms", "e2e_ms")
 
 
 def validate(cfg: dict[str, Any]) -> None:
@@ -37,6 +38,13 @@ def validate(cfg: dict[str, Any]) -> None:
     _at_least("measure.threads", cfg["measure"]["threads"], 0)
     if cfg["measure"]["wait_for_idle_gpu_s"] < 0:
         raise ConfigError(f"measure.wait_for_idle_gpu_s must be >= 0, got {cfg['measure']['wait_for_idle_gpu_s']}")
+    report = cfg["report"]
+    if report["rank_by"] not in RANK_BY:
+        raise ConfigError(f"report.rank_by: unknown metric {report['rank_by']!r}; allowed: {', '.join(RANK_BY)}")
+    if report["max_slowdown"] < 0:
+        raise ConfigError(f"report.max_slowdown must be >= 0 (0.10 = 10%), got {report['max_slowdown']}")
+    if not 0 <= report["min_token_agreement"] <= 1:
+        raise ConfigError(f"report.min_token_agreement must be between 0 and 1, got {report['min_token_agreement']}")
     ray = cfg["ray"]
     _at_least("ray.gpus_per_cell", ray["gpus_per_cell"], 1)
     _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 1)

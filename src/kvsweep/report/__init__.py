@@ -1,0 +1,6 @@
+"""The sweep report: from cell results to a decision (selection table), with plots as evidence.
+
+`selection.py` decides, `advice.py` says what to roll back, `plots.py` draws, `markdown.py` and
+`html_page.py` render, `write.py` puts the files in a folder. Inputs are `CellResult`s, so the
+same report comes from a live sweep or from MLflow alone (`python -m kvsweep report`).
+"""

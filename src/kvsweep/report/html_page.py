@@ -1,0 +1,75 @@
+"""The report as one self-contained HTML file: tables, plots inlined as data URIs, links to MLflow.
+
+Nothing is fetched when the page opens (no scripts, fonts or images from elsewhere), so it can be
+mailed, attached to a ticket or opened on an air-gapped machine.
+"""
+
+import base64
+import html
+from pathlib import Path
+
+from kvsweep.report.markdown import Cell, decision_rows, evidence_rows
+from kvsweep.report.selection import Decision
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0 2em; }
+.muted { color: #666; font-size: 13px; }
+"""
+
+
+def _cell(cell: Cell) -> str:
+    if isinstance(cell, tuple):
+        text, url, after = cell
+        return f'<a href="{html.escape(url)}">{html.escape(text)}</a>{html.escape(after)}'
+    return _bold(html.escape(cell))
+
+
+def _bold(text: str) -> str:
+    """Markdown's **x** (the picks in the evidence table) as <b>x</b>."""
+    parts = text.split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _table(header: list[str], rows: list[list[Cell]], table_id: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td{_num_class(c)}>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _num_class(cell: Cell) -> str:
+    if isinstance(cell, str) and cell.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit():
+        return ' class="num"'
+    return ""
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def render_page(
+    title: str, intro: str, decisions: list[Decision], plots: list[Path], links: dict[str, str], parent_url: str
+) -> str:
+    parent = f'<p>MLflow sweep run: <a href="{html.escape(parent_url)}">{html.escape(parent_url)}</a></p>'
+    sections = [
+        f"<h1>{html.escape(title)}</h1>",
+        parent if parent_url else "",
+        f'<p class="muted">{html.escape(intro)}</p>',
+        "<h2>Decision</h2>",
+        _table(*decision_rows(decisions, links), "decision") if decisions else "<p>No cells.</p>",
+        "<h2>Evidence</h2>",
+        _table(*evidence_rows(decisions, links), "evidence") if decisions else "",
+        "<h2>Plots</h2>",
+        *(f"<h3>{html.escape(p.stem)}</h3>{_image(p)}" for p in plots),
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        + "\n".join(s for s in sections if s)
+        + "</body></html>\n"
+    )

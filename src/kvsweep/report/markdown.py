@@ -1,0 +1,135 @@
+"""The selection table as Markdown (selection.md, logged on the parent run) and as terminal lines."""
+
+from kvsweep.report.selection import MEMORY_LABELS, Decision, Entry, cost_text
+
+MIB = 1024 * 1024
+
+
+def short_form(decisions: list[Decision]) -> str:
+    """Printed under the results table at the end of a sweep: one line per group."""
+    if not decisions:
+        return ""
+    settings = decisions[0].settings
+    head = (
+        f"Selection (fastest by {settings.rank_by}; leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
+        f"within {settings.max_slowdown:.0%} of the fastest):"
+    )
+    return "\n".join([head, *(f"  {d.summary()}" for d in decisions)])
+
+
+def _num(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+Cell = str | tuple[str, str, str]  # plain text, or (link text, url, text after the link)
+
+
+def _link(entry: Entry | None, links: dict[str, str], after: str = "") -> Cell:
+    if entry is None:
+        return "-"
+    url = links.get(entry.result.cell_id)
+    return (entry.label, url, after) if url else entry.label + after
+
+
+def cell_markdown(cell: Cell) -> str:
+    if isinstance(cell, tuple):
+        text, url, after = cell
+        return f"[{_escape(text)}]({url}){_escape(after)}"
+    return _escape(cell)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
+    """Header and rows of the one-row-per-group table (shared by Markdown and HTML)."""
+    within = f"{decisions[0].settings.max_slowdown:.0%}" if decisions else ""
+    header = ["model", "dtype", "batch", "context", "new tokens", "fastest", f"leanest within {within}", "notes"]
+    rows = []
+    for d in decisions:
+        model, dtype, batch, context, new = d.key
+        failed = [f"{e.label}: {e.status}" for e in d.entries if e.status != "ok"]
+        flagged = [
+            f"{e.label}: {e.flags[0]}" for e in d.entries if e.status == "ok" and e.flags and "agreement" in e.flags[0]
+        ]
+        fastest = _link(d.fastest, links, f" ({cost_text(d.fastest)})" if d.fastest and d.fastest.deltas else "")
+        leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
+        rows.append([model, dtype, str(batch), str(context), str(new), fastest, leanest, "; ".join(failed + flagged)])
+    return header, rows
+
+
+def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
+    """Every strategy of every group: its numbers, its cost against dynamic, flags and advice."""
+    basis = decisions[0].memory_basis if decisions else "kv_cache_bytes"
+    header = [
+        "group",
+        "strategy",
+        "status",
+        "TPOT ms",
+        "TTFT ms",
+        f"{MEMORY_LABELS[basis]} MiB",
+        "vs dynamic",
+        "agreement",
+        "KL (nats)",
+        "flags / advice",
+    ]
+    rows = []
+    for d in decisions:
+        for e in d.entries:
+            m = e.result.metrics
+            pick = [name for name, chosen in (("fastest", d.fastest), ("leanest", d.leanest)) if chosen is e]
+            notes = [*(f"**{p}**" for p in pick), *e.flags, *([e.advice] if e.advice else [])]
+            if e.status != "ok" and e.result.error and e.status != "skipped":
+                notes.append(e.result.error[:160])
+            rows.append(
+                [
+                    d.label,
+                    _link(e, links),
+                    e.status,
+                    _num(m.get("tpot_ms")) if e.status == "ok" else "-",
+                    _num(m.get("ttft_ms")) if e.status == "ok" else "-",
+                    _num(e.memory, MIB) if e.status == "ok" else "-",
+                    cost_text(e) or ("baseline" if e.label == "dynamic" and e.status == "ok" else "-"),
+                    _num(m.get("token_agreement")) if e.status == "ok" else "-",
+                    f"{m['kl_divergence']:.2e}" if e.status == "ok" and "kl_divergence" in m else "-",
+                    "; ".join(notes),
+                ]
+            )
+    return header, rows
+
+
+def table(header: list[str], rows: list[list[Cell]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell_markdown(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def intro(decisions: list[Decision]) -> str:
+    """How the picks were made, in one paragraph (Markdown and HTML)."""
+    if not decisions:
+        return ""
+    s = decisions[0].settings
+    basis = MEMORY_LABELS[decisions[0].memory_basis]
+    return (
+        f"Fastest: the lowest {s.rank_by} among strategies that ran and fit. Leanest: the least {basis} among "
+        f"strategies within {s.max_slowdown:.0%} of the fastest. Costs are relative to `dynamic` on the same "
+        f"model, dtype, batch, context and new tokens. Strategies whose tokens agree with dynamic less than "
+        f"{s.min_token_agreement:.2f} are flagged and not picked (on random-weight presets they are only flagged)."
+    )
+
+
+def selection_markdown(title: str, decisions: list[Decision], links: dict[str, str]) -> str:
+    if not decisions:
+        return f"# {title}\n\nNo cells.\n"
+    return "\n\n".join(
+        [
+            f"# {title}",
+            intro(decisions),
+            "## Decision",
+            table(*decision_rows(decisions, links)),
+            "## Evidence",
+            table(*evidence_rows(decisions, links)),
+            "",
+        ]
+    )

@@ -1,0 +1,212 @@
+"""One PNG per model/dtype/batch/new-tokens facet: the evidence behind the selection table.
+
+Panels: TTFT, decode tokens/s, peak memory (with the device's capacity), KV cache bytes (measured
+beside the dense formula) against context length, and a memory-vs-TPOT Pareto chart. Cells that
+did not run (oom, skipped, error...) are drawn as crosses on the axis with their status, never
+silently missing.
+"""
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+from matplotlib.transforms import blended_transform_factory
+
+from kvsweep.report.selection import memory_basis, strategy_label
+from kvsweep.results import OK, CellResult
+
+MIB = 1024 * 1024
+FacetKey = tuple[str, str, int, int]  # model, dtype, batch size, new tokens
+
+
+def facet_key(result: CellResult) -> FacetKey:
+    c = result.cell
+    return (str(c["model"]), str(c["dtype"]), int(c["batch_size"]), int(c["max_new_tokens"]))
+
+
+def facet_name(key: FacetKey) -> str:
+    model, dtype, batch, new = key
+    safe = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in model)
+    return f"{safe}_{dtype}_bs{batch}_new{new}"
+
+
+def colours(results: list[CellResult]) -> dict[str, str]:
+    """The same colour for a strategy in every figure."""
+    palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
+    labels = sorted({strategy_label(r) for r in results})
+    return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(labels)}
+
+
+def draw_facets(results: list[CellResult], out_dir: Path) -> list[Path]:
+    """Writes one figure per facet into out_dir; returns their paths in facet order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    facets: dict[FacetKey, list[CellResult]] = defaultdict(list)
+    for result in results:
+        facets[facet_key(result)].append(result)
+    palette = colours(results)
+    basis = memory_basis(results)
+    paths = []
+    for key in sorted(facets):
+        figure = _facet_figure(key, facets[key], palette, basis)
+        path = out_dir / f"{facet_name(key)}.png"
+        figure.savefig(path, dpi=100)
+        paths.append(path)
+    return paths
+
+
+def _facet_figure(key: FacetKey, results: list[CellResult], palette: dict[str, str], basis: str) -> Figure:
+    model, dtype, batch, new = key
+    figure = Figure(figsize=(16, 9), layout="constrained")
+    axes = figure.subplots(2, 3)
+    figure.suptitle(f"{model}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
+    series = _series(results)
+    contexts = sorted({int(r.cell["context_length"]) for r in results})
+    on_gpu = basis == "peak_device_mem_bytes"
+    peak_metric = "peak_device_mem_bytes" if on_gpu else "peak_host_rss_bytes"
+    panels = [
+        (axes[0, 0], "ttft_ms", 1.0, "time to first token (ms)"),
+        (axes[0, 1], "decode_tokens_per_s", 1.0, "decode tokens/s"),
+        (axes[0, 2], peak_metric, MIB, "peak GPU memory (MiB)" if on_gpu else "peak host RSS (MiB)"),
+        (axes[1, 0], "kv_cache_bytes", MIB, "KV cache (MiB)"),
+    ]
+    for ax, metric, scale, title in panels:
+        for label, cells in series.items():
+            ok = [(int(r.cell["context_length"]), r.metrics[metric] / scale) for r in cells if _has(r, metric)]
+            if ok:
+                xs, ys = zip(*sorted(ok), strict=True)
+                ax.plot(xs, ys, marker="o", color=palette[label], label=label)
+        _mark_failures(ax, series, palette)
+        _context_axis(ax, contexts, title)
+    _capacity_line(axes[0, 2], results, scale=MIB)
+    _dense_line(axes[1, 0], results)
+    _pareto(axes[1, 1], results, palette, basis)
+    _legend_panel(axes[1, 2], series, palette)
+    return figure
+
+
+def _has(result: CellResult, metric: str) -> bool:
+    return result.status == OK and result.metrics.get(metric) is not None
+
+
+def _series(results: list[CellResult]) -> dict[str, list[CellResult]]:
+    out: dict[str, list[CellResult]] = defaultdict(list)
+    for result in results:
+        out[strategy_label(result)].append(result)
+    return dict(sorted(out.items()))
+
+
+def _context_axis(ax: Axes, contexts: list[int], title: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("context length (tokens)")
+    if contexts and contexts[-1] >= 4 * contexts[0]:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [str(c) for c in contexts])
+    ax.grid(alpha=0.3)
+
+
+def _mark_failures(ax: Axes, series: dict[str, list[CellResult]], palette: dict[str, str]) -> None:
+    """A cross on the bottom edge at the cell's context, labelled with its status."""
+    edge = blended_transform_factory(ax.transData, ax.transAxes)
+    for label, cells in series.items():
+        for result in cells:
+            if result.status != OK:
+                x = int(result.cell["context_length"])
+                ax.plot([x], [0.03], marker="x", markersize=10, mew=2.5, color=palette[label], transform=edge)
+                ax.annotate(
+                    result.status,
+                    (x, 0.03),
+                    xycoords=edge,
+                    xytext=(4, 4),
+                    textcoords="offset points",
+                    fontsize=8,
+                    color=palette[label],
+                )
+
+
+def _capacity_line(ax: Axes, results: list[CellResult], scale: float) -> None:
+    sizes = [
+        float(r.environment["device_total_mem_bytes"])
+        for r in results
+        if str(r.environment.get("device_total_mem_bytes", "")).replace(".", "").isdigit()
+    ]
+    if sizes:
+        capacity = min(sizes) / scale
+        ax.axhline(capacity, color="black", linestyle="--", linewidth=1.2, label="device capacity")
+        ax.set_yscale("log")
+        ax.annotate(
+            f"capacity {capacity:,.0f} MiB",
+            (0.01, capacity),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, -12),
+            textcoords="offset points",
+            fontsize=8,
+        )
+
+
+def _dense_line(ax: Axes, results: list[CellResult]) -> None:
+    dense = {
+        int(r.cell["context_length"]): r.metrics["kv_cache_bytes_dense"] / MIB
+        for r in results
+        if r.metrics.get("kv_cache_bytes_dense")
+    }
+    if dense:
+        xs = sorted(dense)
+        ax.plot(xs, [dense[x] for x in xs], color="black", linestyle="--", linewidth=1.2, label="dense (formula)")
+        ax.legend(fontsize=8, loc="upper left")
+
+
+def _pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], basis: str) -> None:
+    """Memory against TPOT for every cell that ran; the frontier joins cells nothing beats on both."""
+    points = [
+        (r.metrics[basis] / MIB, r.metrics["tpot_ms"], r) for r in results if _has(r, basis) and _has(r, "tpot_ms")
+    ]
+    for x, y, r in points:
+        ax.scatter([x], [y], color=palette[strategy_label(r)], s=40, zorder=3)
+        ax.annotate(str(r.cell["context_length"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
+    by_context: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for x, y, r in points:
+        by_context[int(r.cell["context_length"])].append((x, y))
+    drawn = False
+    for context_points in by_context.values():
+        frontier = pareto_frontier(context_points)
+        if len(frontier) > 1:
+            ax.plot(
+                *zip(*frontier, strict=True),
+                color="grey",
+                linestyle=":",
+                linewidth=1.2,
+                label=None if drawn else "Pareto frontier (per context)",
+            )
+            drawn = True
+    if drawn:
+        ax.legend(fontsize=8)
+    label = "peak GPU memory" if basis == "peak_device_mem_bytes" else "KV cache"
+    ax.set_title(f"{label} vs time per output token (labels: context)")
+    ax.set_xlabel(f"{label} (MiB)")
+    ax.set_ylabel("TPOT (ms)")
+    ax.grid(alpha=0.3)
+
+
+def pareto_frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(memory, latency) points that no other point beats on both, by increasing memory."""
+    frontier: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not frontier or y < frontier[-1][1]:
+            frontier.append((x, y))
+    return frontier
+
+
+def _legend_panel(ax: Axes, series: dict[str, list[CellResult]], palette: dict[str, str]) -> None:
+    """Strategy colours and every cell that produced no numbers, with its status."""
+    ax.axis("off")
+    lines = []
+    for label, cells in series.items():
+        failed = [f"{r.status} at {r.cell['context_length']}" for r in cells if r.status != OK]
+        lines.append((label, ", ".join(failed) if failed else "all ran"))
+    for i, (label, text) in enumerate(lines):
+        y = 0.95 - i * 0.08
+        ax.plot([0.02], [y], marker="s", markersize=10, color=palette[label], transform=ax.transAxes)
+        ax.text(0.06, y, f"{label}: {text}", transform=ax.transAxes, va="center", fontsize=10)
+    ax.set_title("strategies (x on an axis = no result at that context)")

@@ -1,0 +1,60 @@
+"""Write a sweep's report into a folder: plots/, selection.md, report.html, results.csv/.txt.
+
+The same function serves the end of a live sweep (folder `<run dir>/report`, then logged on the
+parent run under `report/`) and `python -m kvsweep report` (from MLflow alone).
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvsweep.delivery import REPORT_DIR
+from kvsweep.report.html_page import render_page
+from kvsweep.report.markdown import intro, selection_markdown, short_form
+from kvsweep.report.plots import draw_facets
+from kvsweep.report.selection import Decision, Settings, decide
+from kvsweep.results import CellResult
+from kvsweep.table import results_csv, results_table
+
+__all__ = ["REPORT_DIR", "Report", "ReportContext", "settings_from", "write_report"]
+
+
+@dataclass
+class ReportContext:
+    title: str
+    settings: Settings
+    links: dict[str, str] = field(default_factory=dict)  # cell id -> its MLflow run page
+    parent_url: str = ""
+
+
+@dataclass
+class Report:
+    folder: Path
+    decisions: list[Decision]
+    plots: list[Path]
+
+    @property
+    def short_form(self) -> str:
+        return short_form(self.decisions)
+
+
+def settings_from(values: dict[str, Any]) -> Settings:
+    """From the config's `report` section or the parent run's `report.*` params (strings)."""
+    defaults = Settings()
+    return Settings(
+        rank_by=str(values.get("rank_by", defaults.rank_by)),
+        max_slowdown=float(values.get("max_slowdown", defaults.max_slowdown)),
+        min_token_agreement=float(values.get("min_token_agreement", defaults.min_token_agreement)),
+    )
+
+
+def write_report(results: list[CellResult], folder: Path, context: ReportContext) -> Report:
+    folder.mkdir(parents=True, exist_ok=True)
+    decisions = decide(results, context.settings)
+    plots = draw_facets(results, folder / "plots")
+    (folder / "selection.md").write_text(selection_markdown(context.title, decisions, context.links))
+    page = render_page(context.title, intro(decisions), decisions, plots, context.links, context.parent_url)
+    (folder / "report.html").write_text(page)
+    (folder / "results.csv").write_text(results_csv(results))
+    (folder / "results.txt").write_text(results_table(results))
+    return Report(folder, decisions, plots)

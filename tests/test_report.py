@@ -1,0 +1,132 @@
+"""The sweep report: the selection logic on its own, then a real sweep's report and its rebuild from MLflow."""
+
+import re
+
+import pytest
+from matplotlib.image import imread
+from mlflow import MlflowClient
+
+from kvsweep.cli import main
+from kvsweep.report.markdown import short_form
+from kvsweep.report.plots import pareto_frontier
+from kvsweep.report.selection import Settings, decide
+from kvsweep.results import CellResult
+
+
+def result(cache, status="ok", model="org/trained", context=1024, compile=False, error="", tags=None, **metrics):
+    cell = {
+        "model": model,
+        "dtype": "bfloat16",
+        "context_length": context,
+        "batch_size": 1,
+        "max_new_tokens": 32,
+        "cache": cache,
+        "compile": compile,
+    }
+    defaults = {"tpot_ms": 10.0, "ttft_ms": 100.0, "kv_cache_bytes": 1000.0, "token_agreement": 1.0}
+    return CellResult(
+        f"{cache}-{context}", cell, status, error, {**defaults, **metrics} if status == "ok" else {}, tags=tags or {}
+    )
+
+
+def test_fastest_and_leanest_are_picked_with_costs_against_dynamic():
+    [decision] = decide(
+        [
+            result("dynamic", tpot_ms=10.0, kv_cache_bytes=1000.0),
+            result("static", tpot_ms=8.8, ttft_ms=103.0, kv_cache_bytes=1300.0),
+            result("quantized-hqq-int4", tpot_ms=9.5, kv_cache_bytes=300.0),  # within 10% of 8.8
+            result("quantized-hqq-int2", tpot_ms=9.9, kv_cache_bytes=200.0),  # 12.5% slower: out
+        ],
+        Settings(max_slowdown=0.10),
+    )
+    assert decision.fastest.label == "static"
+    assert decision.leanest.label == "quantized-hqq-int4"
+    static = next(e for e in decision.entries if e.label == "static")
+    assert static.deltas == pytest.approx({"tpot_ms": -0.12, "ttft_ms": 0.03, "memory": 0.30})
+    line = short_form([decision])
+    assert "fastest static" in line and "TPOT -12%, TTFT +3%, memory +30% vs dynamic" in line
+    assert "leanest within 10%: quantized-hqq-int4 (TPOT -5%" in line and "memory -70%" in line
+
+
+def test_failures_carry_their_status_and_rollback_advice():
+    decisions = decide(
+        [
+            result("dynamic", status="oom", error="CUDA out of memory"),
+            result("static", compile=True, status="error", error="BackendCompilerFailed"),
+            result("offloaded", tpot_ms=30.0),
+            result("quantized-quanto-int4", status="oom", tags={"kvsweep.inferred": "true"}),
+        ],
+        Settings(),
+    )
+    entries = {e.label: e for e in decisions[0].entries}
+    assert "reduce max_new_tokens, context or batch, then try offloaded" in entries["dynamic"].advice
+    assert "drop static/compile, return to dynamic" in entries["static+compile"].advice
+    assert "even quantized" in entries["quantized-quanto-int4"].advice
+    assert "inferred from a smaller cell's OOM" in entries["quantized-quanto-int4"].flags
+    assert decisions[0].fastest.label == "offloaded"  # the only one that fit
+    assert entries["offloaded"].deltas == {}  # no dynamic numbers to compare against
+
+
+def test_drifting_outputs_are_flagged_and_not_picked_for_a_trained_model():
+    cells = [
+        result("dynamic", tpot_ms=10.0),
+        result("quantized-quanto-int2", tpot_ms=5.0, kv_cache_bytes=100.0, token_agreement=0.4),
+    ]
+    [trained] = decide(cells, Settings(min_token_agreement=0.9))
+    quanto = trained.entries[1]
+    assert "token agreement 0.40 < 0.90" in quanto.flags and "fall back to dynamic" in quanto.advice
+    assert trained.fastest.label == "dynamic" and trained.leanest.label == "dynamic"
+    shape_only = [
+        result(r.cell["cache"], model="tiny-llama", tags={"kvsweep.shape_only": "true"}, **r.metrics) for r in cells
+    ]
+    [preset] = decide(shape_only, Settings(min_token_agreement=0.9))
+    assert preset.fastest.label == "quantized-quanto-int2"  # random weights: flagged, still eligible
+    assert "shape-only (random weights)" in preset.entries[1].flags
+
+
+def test_slow_quantized_cache_gets_the_briefs_warning():
+    [decision] = decide([result("dynamic", tpot_ms=10.0), result("quantized-hqq-int4", tpot_ms=14.0)], Settings())
+    assert "do not make a quantized cache the default" in decision.entries[1].advice
+
+
+def test_pareto_frontier_keeps_only_undominated_points():
+    points = [(300.0, 9.5), (1000.0, 10.0), (1300.0, 8.8), (200.0, 12.0), (1300.0, 9.0)]
+    assert pareto_frontier(points) == [(200.0, 12.0), (300.0, 9.5), (1300.0, 8.8)]
+
+
+def _not_blank(path):
+    pixels = imread(path)
+    return pixels.shape[0] >= 400 and float(pixels[..., :3].std()) > 0.05
+
+
+def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(run_sweep, tmp_path, capsys):
+    run = run_sweep("grid.context_lengths=[64,192]", "grid.caches=[dynamic,static,offloaded,quantized-hqq-int4]")
+    assert run.code == 0, run.err
+    folder = run.run_dir / "report"
+    assert "Selection (fastest by tpot_ms" in run.out and "tiny-llama float32 bs1 ctx192 new4: fastest" in run.out
+    assert str(folder / "report.html") in run.out
+
+    [plot] = (folder / "plots").glob("*.png")  # one facet: one model, dtype, batch, new tokens
+    assert plot.name == "tiny-llama_float32_bs1_new4.png" and _not_blank(plot)
+    page = (folder / "report.html").read_text()
+    assert '<table id="decision">' in page and '<table id="evidence">' in page
+    assert page.count('src="data:image/png;base64,') == 1 and not re.search(r'src="(?!data:)', page)
+    selection = (folder / "selection.md").read_text()
+    assert re.search(r"\| \[?offloaded(\]\([^)]*\))? \| skipped \|", selection)  # failures are listed, not dropped
+    assert "not run: offloaded needs CUDA" in selection
+
+    client = MlflowClient(run.tracking_uri)
+    parent = client.search_runs(["1"], "tags.`kvsweep.role` = 'sweep'")[0]
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.html", "report/selection.md", "report/plots"} <= logged
+    assert parent.data.params["report.max_slowdown"] == "0.1"
+
+    capsys.readouterr()
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["report", "--tracking-uri", run.tracking_uri, "--out", str(rebuilt)]) == 0
+    out = capsys.readouterr().out
+    assert "8 cells" in out and "Selection" in out
+    assert (rebuilt / "selection.md").read_text() == selection  # same decisions, numbers and run links
+    assert _not_blank(rebuilt / "plots" / plot.name)
+    assert main(["report", "--tracking-uri", run.tracking_uri, "--out", str(rebuilt), "--max-slowdown", "5"]) == 0
+    assert "leanest within 500%" in (rebuilt / "selection.md").read_text()
