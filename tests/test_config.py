@@ -40,6 +40,8 @@ BAD_CONFIGS = [
     (["rerun=maybe"], "rerun", "bool"),
     (["infer_oom=perhaps"], "infer_oom", "bool"),
     (["ray.resources={nvme: 1}"], "ray.resources is a map", "+ray.resources.nvme=VALUE"),
+    (["measure.min_duration_s=-1"], "measure.min_duration_s must be >= 0", ""),
+    (["measure.repeats=5", "measure.max_repeats=2"], "measure.max_repeats (2) is below measure.repeats (5)", ""),
     (["report.rank_by=speed"], "report.rank_by: unknown metric 'speed'", "tpot_ms"),
     (["report.max_slowdown=-0.1"], "report.max_slowdown must be >= 0", ""),
     (["report.min_token_agreement=1.5"], "report.min_token_agreement must be between 0 and 1", ""),

@@ -170,3 +170,13 @@ def test_quality_is_measured_against_the_dynamic_baseline(results):
         assert results[name]["metrics"]["kl_divergence_max"] >= kl[name]
     assert kl["quantized-hqq-int2"] > kl["quantized-hqq-int4"] > kl["quantized-hqq-int8"]
     assert kl["quantized-quanto-int2"] > kl["quantized-quanto-int4"]
+
+
+def test_fast_cells_are_measured_for_at_least_the_minimum_duration():
+    floor = dict(PROTO, repeats=2, min_duration_s=1.0, max_repeats=200)
+    result = run_cell(cell("dynamic", context=64, batch=1, new=4), floor)
+    repeats = result["samples"]["repeats"]
+    assert result["metrics"]["repeats"] == len(repeats) > 2
+    assert sum(r["e2e_ms"] for r in repeats) >= 0.8 * 1000  # the gaps between runs are not counted
+    capped = run_cell(cell("dynamic", context=64, batch=1, new=4), dict(floor, min_duration_s=100.0, max_repeats=3))
+    assert capped["metrics"]["repeats"] == 3  # the cap wins over the time floor

@@ -45,18 +45,29 @@ class Protocol:
     """How every cell of a sweep is measured; part of each cell's identity."""
 
     warmup: int
-    repeats: int
+    repeats: int  # at least this many measured runs...
     seed: int
     device: str
     threads: int
+    min_duration_s: float = 0.0  # ...and at least this much measured time (fast cells get more runs)
+    max_repeats: int = 0  # at most this many measured runs when min_duration_s asks for more; 0 = repeats
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def repeat_cap(self) -> int:
+        return max(self.repeats, self.max_repeats)
+
+    def identity(self) -> dict[str, Any]:
+        """What a cell id hashes: fields at their default are left out, so older cell ids stay valid."""
+        defaults = {"min_duration_s": 0.0, "max_repeats": 0}
+        return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
+
 
 def cell_id(cell: Cell, protocol: Protocol) -> str:
     """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag)."""
-    payload = json.dumps({"cell": cell.to_dict(), "protocol": protocol.to_dict()}, sort_keys=True)
+    payload = json.dumps({"cell": cell.to_dict(), "protocol": protocol.identity()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -87,7 +87,15 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
 
 def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
     m = cfg["measure"]
-    return Protocol(warmup=m["warmup"], repeats=m["repeats"], seed=m["seed"], device=device, threads=m["threads"])
+    return Protocol(
+        warmup=m["warmup"],
+        repeats=m["repeats"],
+        seed=m["seed"],
+        device=device,
+        threads=m["threads"],
+        min_duration_s=m["min_duration_s"],
+        max_repeats=m["max_repeats"],
+    )
 
 
 def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:

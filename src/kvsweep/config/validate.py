@@ -36,6 +36,13 @@ def validate(cfg: dict[str, Any]) -> None:
     _at_least("measure.repeats", cfg["measure"]["repeats"], 1)
     _at_least("measure.warmup", cfg["measure"]["warmup"], 0)
     _at_least("measure.threads", cfg["measure"]["threads"], 0)
+    if cfg["measure"]["min_duration_s"] < 0:
+        raise ConfigError(f"measure.min_duration_s must be >= 0, got {cfg['measure']['min_duration_s']}")
+    if 0 < cfg["measure"]["max_repeats"] < cfg["measure"]["repeats"]:
+        raise ConfigError(
+            f"measure.max_repeats ({cfg['measure']['max_repeats']}) is below measure.repeats "
+            f"({cfg['measure']['repeats']}); raise it or use 0 (= repeats)"
+        )
     if cfg["measure"]["wait_for_idle_gpu_s"] < 0:
         raise ConfigError(f"measure.wait_for_idle_gpu_s must be >= 0, got {cfg['measure']['wait_for_idle_gpu_s']}")
     report = cfg["report"]
