@@ -1,0 +1,218 @@
+"""What a person sees: a real sweep in MLflow's web UI and its HTML report, rendered by headless Chromium.
+
+Screenshots land in test-artifacts/ (git-ignored; CI keeps them). `KVSWEEP_UPDATE_DOCS=1` also
+copies the MLflow chart view to docs/mlflow-ui.png, the README's screenshot.
+
+How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
+- `#/experiments/<id>/runs` lists the runs; a sweep's cells are collapsed under its parent run
+  (the expander state is never in the URL).
+- Children are nested only while runs are sorted by creation time: `?orderByKey=<any other key>`
+  lists every run flat, cells included.
+- The chart view with grouping and charts is a saved view: an experiment tag
+  `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
+  UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render
+from conftest import FAST, SweepRun, cell_runs, free_port, start_mlflow_server, stop
+from kvsweep.tracking import cell_run_name
+
+pytestmark = pytest.mark.skipif(
+    find_browser() is None, reason="no headless browser: install Debian's `chromium` (.ci/run does)"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+DOCS_SHOT = ROOT / "docs" / "mlflow-ui.png"
+CACHES = ("dynamic", "static", "quantized-hqq-int4")
+CONTEXTS = (32, 64)
+VIEW_KEY = "kvsweep-compare-strategies"
+REPORT_LANDED = importlib.util.find_spec("kvsweep.report") is not None
+
+
+@pytest.fixture(scope="module")
+def ui_sweep(ray_cluster, tmp_path_factory) -> SweepRun:
+    """One real tiny sweep for both tests: 3 caches x 2 context lengths, two cells at a time.
+
+    Module-scoped, so it mirrors conftest's `run_sweep` (function-scoped) instead of using it.
+    """
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from kvsweep.cli import main
+
+    tmp = tmp_path_factory.mktemp("ui-sweep")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    out, err = io.StringIO(), io.StringIO()
+    args = [
+        *FAST,
+        f"grid.caches=[{','.join(CACHES)}]",
+        f"grid.context_lengths=[{','.join(map(str, CONTEXTS))}]",
+        "ray.max_concurrent=2",
+        "measure.warmup=1",  # steadier numbers for the screenshot, at little cost
+        "measure.repeats=3",
+        f"mlflow.tracking_uri={uri}",
+        "mlflow.experiment=kvsweep",
+        f"hydra.run.dir={tmp / 'run'}",
+    ]
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(args)
+    run = SweepRun(code, out.getvalue(), err.getvalue(), uri, tmp / "run")
+    assert run.code == 0, run.out + run.err
+    return run
+
+
+def compare_view_state(context_length_metric: bool) -> dict:
+    """Runs grouped by `cache`, one chart of tpot_ms against context_length, other charts folded.
+
+    A line chart can only put a *metric* on its x axis: with `context_length` logged as a metric
+    too, each cache is one line over the context lengths. With the param alone, the closest is a
+    scatter of the param against tpot_ms, grouped by cache and context length (a point per pair).
+    """
+    section = "kvsweep-compare"
+    if context_length_metric:
+        group_keys = [{"mode": "param", "groupByData": "cache"}]
+        chart = {
+            "type": "LINE",
+            "metricKey": "tpot_ms",
+            "selectedMetricKeys": ["tpot_ms"],
+            "xAxisKey": "metric",
+            "selectedXAxisMetricKey": "context_length",
+            "useGlobalXaxisKey": False,
+            "displayPoints": True,
+            "scaleType": "linear",
+            "xAxisScaleType": "linear",
+            "lineSmoothness": 0,
+        }
+    else:
+        group_keys = [{"mode": "param", "groupByData": key} for key in ("cache", "context_length")]
+        chart = {
+            "type": "SCATTER",
+            "xaxis": {"key": "context_length", "type": "PARAM"},
+            "yaxis": {"key": "tpot_ms", "type": "METRIC"},
+        }
+    chart |= {
+        "uuid": "kvsweep-tpot-by-context",
+        "runsCountToCompare": 100,
+        "metricSectionId": section,
+        "deleted": False,
+        "isGenerated": False,
+    }
+    folded = [
+        {"uuid": f"kvsweep-{name.lower().replace(' ', '-')}", "name": name, "display": False, "isGenerated": True}
+        for name in ("Model metrics", "System metrics")
+    ]
+    return {
+        # Sorting by anything but creation time lists cells flat, and leaves the parent out.
+        "searchFilter": "tags.`kvsweep.role` = 'cell'",
+        "orderByKey": "params.`cache`",
+        "orderByAsc": True,
+        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys},
+        "useGroupedValuesInCharts": True,
+        "compareRunCharts": [chart],
+        "compareRunSections": [
+            {"uuid": section, "name": "Compare strategies", "display": True, "columns": 1, "cardHeight": 520},
+            *folded,
+        ],
+        "isAccordionReordered": True,
+    }
+
+
+def save_view(client, experiment_id: str, key: str, name: str, state: dict) -> None:
+    """A saved view, as the UI's Views menu stores it, so a URL opens it."""
+    now = int(time.time() * 1000)
+    envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(envelope))
+
+
+def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep, tmp_path):
+    from mlflow import MlflowClient
+
+    parents, children = cell_runs(ui_sweep.tracking_uri)
+    assert len(parents) == 1 and len(children) == len(CACHES) * len(CONTEXTS)
+    assert {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
+    parent_name = parents[0].info.run_name
+    cell_names = sorted(c.info.run_name for c in children)
+    assert "static ctx64 bs1 float32 tiny-llama" in cell_names
+    for child in children:
+        params = child.data.params
+        assert child.info.run_name == cell_run_name({**params, "compile": params["compile"] == "true"})
+    line_chart = all("context_length" in c.data.metrics for c in children)
+
+    store = tmp_path / "server"
+    store.mkdir()
+    shutil.copyfile(ui_sweep.tracking_uri.removeprefix("sqlite:///"), store / "server.db")
+    port = free_port()
+    server = start_mlflow_server(store, port)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        client = MlflowClient(tracking_uri=base)
+        experiment_id = client.get_experiment_by_name("kvsweep").experiment_id
+        runs = f"{base}/#/experiments/{experiment_id}/runs"
+
+        # The link kvsweep prints: the sweep's parent run, its cells folded beneath it.
+        page = render(runs, ARTIFACTS / "mlflow-runs.png")
+        assert parent_name in page.text(), page.text()[-2000:]
+        assert_not_blank(ARTIFACTS / "mlflow-runs.png")
+
+        # Sorted by a metric the table is flat: every cell shows, by name.
+        flat = f"{runs}?orderByKey={urllib.parse.quote('metrics.`tpot_ms`')}&orderByAsc=true"
+        page = render(flat, ARTIFACTS / "mlflow-runs-flat.png")
+        text = page.text()
+        missing = [name for name in [parent_name, *cell_names] if name not in text]
+        assert not missing, f"not rendered: {missing}\n{text[-2000:]}"
+
+        # Comparing strategies: the chart view, grouped by cache, tpot_ms against context_length.
+        save_view(client, experiment_id, VIEW_KEY, "Compare strategies", compare_view_state(line_chart))
+        shot = ARTIFACTS / "mlflow-compare-strategies.png"
+        page = render(f"{runs}?compareRunsMode=CHART&viewStateShareKey={VIEW_KEY}", shot, size=(1900, 1000))
+        text = page.text()
+        assert "Group by: cache" in text, text[-2000:]
+        assert "main-svg" in page.dom, "no chart was drawn"  # plotly's svg
+        assert "context_length" in text and "tpot_ms" in text
+        for cache in CACHES:
+            legend = f"{cache} (tpot_ms)" if line_chart else f"cache: {cache}, context_length: {CONTEXTS[0]}"
+            assert legend in text, f"{legend!r} not in the chart's legend\n{text[-2000:]}"
+        crop_right_panel(shot)  # MLflow's assistant panel, docked right on a local server
+        assert_not_blank(shot)
+        if os.environ.get("KVSWEEP_UPDATE_DOCS") == "1":
+            DOCS_SHOT.parent.mkdir(exist_ok=True)
+            shutil.copyfile(shot, DOCS_SHOT)
+    finally:
+        stop(server)
+
+
+@pytest.mark.skipif(not REPORT_LANDED, reason="the HTML report (kvsweep.report) has not landed yet")
+def test_html_report_renders_offline(ui_sweep):
+    report = ui_sweep.run_dir / "report" / "report.html"
+    assert report.exists(), ui_sweep.out
+    shot = ARTIFACTS / "report.png"
+    # file:// and no background networking: everything must be inline.
+    page = render(report.as_uri(), shot, size=(1400, 2000), budget_ms=3000, timeout_s=60)
+    dom = page.dom
+
+    assert "<table" in dom
+    tables = dom.split("<table")[1:]
+    assert any(all(cache in table.split("</table>")[0] for cache in CACHES) for table in tables), (
+        "no table names every cache"
+    )
+
+    images = data_uri_pngs(dom)
+    assert images, "no <img> with a data:image/png URI"
+    assert "<img" in dom and 'src="http' not in dom and "src='http" not in dom
+    for image in images:
+        assert_not_blank(image, min_colours=8, min_ink=0.005)
+        stats = png_stats(image)
+        assert stats.width >= 100 and stats.height >= 100, stats
+
+    assert_not_blank(shot)
