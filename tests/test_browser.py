@@ -13,17 +13,17 @@ How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
   UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`.
 """
 
-import importlib.util
 import json
 import os
-import shutil
+import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render
+from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render, save_compact_png
 from conftest import FAST, SweepRun, cell_runs, free_port, start_mlflow_server, stop
 from kvsweep.tracking import cell_run_name
 
@@ -37,22 +37,45 @@ DOCS_SHOT = ROOT / "docs" / "mlflow-ui.png"
 CACHES = ("dynamic", "static", "quantized-hqq-int4")
 CONTEXTS = (32, 64)
 VIEW_KEY = "kvsweep-compare-strategies"
-REPORT_LANDED = importlib.util.find_spec("kvsweep.report") is not None
+
+
+@dataclass
+class UiSweep:
+    run: SweepRun
+    base_url: str  # a real `mlflow server` over the sweep's store
 
 
 @pytest.fixture(scope="module")
-def ui_sweep(ray_cluster, tmp_path_factory) -> SweepRun:
-    """One real tiny sweep for both tests: 3 caches x 2 context lengths, two cells at a time.
+def ui_sweep(ray_cluster, tmp_path_factory):
+    """One real tiny sweep for both tests (3 caches x 2 context lengths, two cells at a time), served.
 
-    Module-scoped, so it mirrors conftest's `run_sweep` (function-scoped) instead of using it.
+    The sweep writes straight into the file `start_mlflow_server` serves; the server starts in a
+    thread while the sweep runs, once the store exists (two processes creating one store race).
+    Module-scoped, so it mirrors conftest's function-scoped `run_sweep` instead of using it.
     """
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
+    from mlflow import MlflowClient
+
     from kvsweep.cli import main
 
     tmp = tmp_path_factory.mktemp("ui-sweep")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    store = tmp / "server"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'server.db'}"
+    MlflowClient(tracking_uri=uri).search_experiments()  # creates the store
+    port = free_port()
+    servers, failures = [], []
+
+    def serve() -> None:
+        try:
+            servers.append(start_mlflow_server(store, port))
+        except Exception as error:  # reported below, after the sweep
+            failures.append(error)
+
+    starting = threading.Thread(target=serve, daemon=True)
+    starting.start()
     out, err = io.StringIO(), io.StringIO()
     args = [
         *FAST,
@@ -65,11 +88,18 @@ def ui_sweep(ray_cluster, tmp_path_factory) -> SweepRun:
         "mlflow.experiment=kvsweep",
         f"hydra.run.dir={tmp / 'run'}",
     ]
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(args)
-    run = SweepRun(code, out.getvalue(), err.getvalue(), uri, tmp / "run")
-    assert run.code == 0, run.out + run.err
-    return run
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(args)
+        run = SweepRun(code, out.getvalue(), err.getvalue(), uri, tmp / "run")
+        assert run.code == 0, run.out + run.err
+        starting.join(timeout=180)
+        assert servers, f"mlflow server did not start: {failures}"
+        yield UiSweep(run, f"http://127.0.0.1:{port}")
+    finally:
+        starting.join(timeout=180)
+        for server in servers:
+            stop(server)
 
 
 def compare_view_state(context_length_metric: bool) -> dict:
@@ -135,10 +165,10 @@ def save_view(client, experiment_id: str, key: str, name: str, state: dict) -> N
     client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(envelope))
 
 
-def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep, tmp_path):
+def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     from mlflow import MlflowClient
 
-    parents, children = cell_runs(ui_sweep.tracking_uri)
+    parents, children = cell_runs(ui_sweep.run.tracking_uri)
     assert len(parents) == 1 and len(children) == len(CACHES) * len(CONTEXTS)
     assert {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
     parent_name = parents[0].info.run_name
@@ -149,53 +179,44 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep, tmp_path):
         assert child.info.run_name == cell_run_name({**params, "compile": params["compile"] == "true"})
     line_chart = all("context_length" in c.data.metrics for c in children)
 
-    store = tmp_path / "server"
-    store.mkdir()
-    shutil.copyfile(ui_sweep.tracking_uri.removeprefix("sqlite:///"), store / "server.db")
-    port = free_port()
-    server = start_mlflow_server(store, port)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        client = MlflowClient(tracking_uri=base)
-        experiment_id = client.get_experiment_by_name("kvsweep").experiment_id
-        runs = f"{base}/#/experiments/{experiment_id}/runs"
+    base = ui_sweep.base_url
+    client = MlflowClient(tracking_uri=base)
+    experiment_id = client.get_experiment_by_name("kvsweep").experiment_id
+    runs = f"{base}/#/experiments/{experiment_id}/runs"
 
-        # The link kvsweep prints: the sweep's parent run, its cells folded beneath it.
-        page = render(runs, ARTIFACTS / "mlflow-runs.png")
-        assert parent_name in page.text(), page.text()[-2000:]
-        assert_not_blank(ARTIFACTS / "mlflow-runs.png")
+    # The link kvsweep prints: the sweep's parent run, its cells folded beneath it.
+    page = render(runs, ARTIFACTS / "mlflow-runs.png")
+    assert parent_name in page.text(), page.text()[-2000:]
+    assert_not_blank(ARTIFACTS / "mlflow-runs.png")
 
-        # Sorted by a metric the table is flat: every cell shows, by name.
-        flat = f"{runs}?orderByKey={urllib.parse.quote('metrics.`tpot_ms`')}&orderByAsc=true"
-        page = render(flat, ARTIFACTS / "mlflow-runs-flat.png")
-        text = page.text()
-        missing = [name for name in [parent_name, *cell_names] if name not in text]
-        assert not missing, f"not rendered: {missing}\n{text[-2000:]}"
+    # Sorted by a metric the table is flat: every cell shows, by name.
+    flat = f"{runs}?orderByKey={urllib.parse.quote('metrics.`tpot_ms`')}&orderByAsc=true"
+    page = render(flat, ARTIFACTS / "mlflow-runs-flat.png")
+    text = page.text()
+    missing = [name for name in [parent_name, *cell_names] if name not in text]
+    assert not missing, f"not rendered: {missing}\n{text[-2000:]}"
 
-        # Comparing strategies: the chart view, grouped by cache, tpot_ms against context_length.
-        save_view(client, experiment_id, VIEW_KEY, "Compare strategies", compare_view_state(line_chart))
-        shot = ARTIFACTS / "mlflow-compare-strategies.png"
-        page = render(f"{runs}?compareRunsMode=CHART&viewStateShareKey={VIEW_KEY}", shot, size=(1900, 1000))
-        text = page.text()
-        assert "Group by: cache" in text, text[-2000:]
-        assert "main-svg" in page.dom, "no chart was drawn"  # plotly's svg
-        assert "context_length" in text and "tpot_ms" in text
-        for cache in CACHES:
-            legend = f"{cache} (tpot_ms)" if line_chart else f"cache: {cache}, context_length: {CONTEXTS[0]}"
-            assert legend in text, f"{legend!r} not in the chart's legend\n{text[-2000:]}"
-        crop_right_panel(shot)  # MLflow's assistant panel, docked right on a local server
-        assert_not_blank(shot)
-        if os.environ.get("KVSWEEP_UPDATE_DOCS") == "1":
-            DOCS_SHOT.parent.mkdir(exist_ok=True)
-            shutil.copyfile(shot, DOCS_SHOT)
-    finally:
-        stop(server)
+    # Comparing strategies: the chart view, grouped by cache, tpot_ms against context_length.
+    save_view(client, experiment_id, VIEW_KEY, "Compare strategies", compare_view_state(line_chart))
+    shot = ARTIFACTS / "mlflow-compare-strategies.png"
+    page = render(f"{runs}?compareRunsMode=CHART&viewStateShareKey={VIEW_KEY}", shot, size=(1900, 1000))
+    text = page.text()
+    assert "Group by: cache" in text, text[-2000:]
+    assert "main-svg" in page.dom, "no chart was drawn"  # plotly's svg
+    assert "context_length" in text and "tpot_ms" in text
+    for cache in CACHES:
+        legend = f"{cache} (tpot_ms)" if line_chart else f"cache: {cache}, context_length: {CONTEXTS[0]}"
+        assert legend in text, f"{legend!r} not in the chart's legend\n{text[-2000:]}"
+    crop_right_panel(shot)  # MLflow's assistant panel, docked right on a local server
+    assert_not_blank(shot)
+    if os.environ.get("KVSWEEP_UPDATE_DOCS") == "1":
+        DOCS_SHOT.parent.mkdir(exist_ok=True)
+        save_compact_png(shot, DOCS_SHOT)
 
 
-@pytest.mark.skipif(not REPORT_LANDED, reason="the HTML report (kvsweep.report) has not landed yet")
 def test_html_report_renders_offline(ui_sweep):
-    report = ui_sweep.run_dir / "report" / "report.html"
-    assert report.exists(), ui_sweep.out
+    report = ui_sweep.run.run_dir / "report" / "report.html"
+    assert report.exists(), ui_sweep.run.out
     shot = ARTIFACTS / "report.png"
     # file:// and no background networking: everything must be inline.
     page = render(report.as_uri(), shot, size=(1400, 2000), budget_ms=3000, timeout_s=60)
