@@ -188,7 +188,9 @@ class CellScheduler:
                         waiting.appendleft(Job(entry.job.cell_id, entry.job.cell, entry.job.attempt + 1))
                         continue
                     results.append(result)
-                if results:  # the next cells start before the finished ones are logged
+                # The next cells start before the finished ones are logged, unless one is an OOM that
+                # `admit` must see first (it may spare larger cells of the same family).
+                if results and all(r.status != OOM for r in results):
                     self._start_next(waiting, on_result, on_start, admit)
                 for result in results:
                     on_result(result)
