@@ -10,13 +10,13 @@ How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
   lists every run flat, cells included.
 - The chart view with grouping and charts is a saved view: an experiment tag
   `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
-  UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`.
+  UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`;
+  kvsweep writes one per sweep (mlflow_view.py) and prints its link.
 """
 
-import json
 import os
+import re
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,6 @@ ARTIFACTS = ROOT / "test-artifacts"
 DOCS_SHOT = ROOT / "docs" / "mlflow-ui.png"
 CACHES = ("dynamic", "static", "quantized-hqq-int4")
 CONTEXTS = (32, 64)
-VIEW_KEY = "kvsweep-compare-strategies"
 
 
 @dataclass
@@ -102,69 +101,6 @@ def ui_sweep(ray_cluster, tmp_path_factory):
             stop(server)
 
 
-def compare_view_state(context_length_metric: bool) -> dict:
-    """Runs grouped by `cache`, one chart of tpot_ms against context_length, other charts folded.
-
-    A line chart can only put a *metric* on its x axis: with `context_length` logged as a metric
-    too, each cache is one line over the context lengths. With the param alone, the closest is a
-    scatter of the param against tpot_ms, grouped by cache and context length (a point per pair).
-    """
-    section = "kvsweep-compare"
-    if context_length_metric:
-        group_keys = [{"mode": "param", "groupByData": "cache"}]
-        chart = {
-            "type": "LINE",
-            "metricKey": "tpot_ms",
-            "selectedMetricKeys": ["tpot_ms"],
-            "xAxisKey": "metric",
-            "selectedXAxisMetricKey": "context_length",
-            "useGlobalXaxisKey": False,
-            "displayPoints": True,
-            "scaleType": "linear",
-            "xAxisScaleType": "linear",
-            "lineSmoothness": 0,
-        }
-    else:
-        group_keys = [{"mode": "param", "groupByData": key} for key in ("cache", "context_length")]
-        chart = {
-            "type": "SCATTER",
-            "xaxis": {"key": "context_length", "type": "PARAM"},
-            "yaxis": {"key": "tpot_ms", "type": "METRIC"},
-        }
-    chart |= {
-        "uuid": "kvsweep-tpot-by-context",
-        "runsCountToCompare": 100,
-        "metricSectionId": section,
-        "deleted": False,
-        "isGenerated": False,
-    }
-    folded = [
-        {"uuid": f"kvsweep-{name.lower().replace(' ', '-')}", "name": name, "display": False, "isGenerated": True}
-        for name in ("Model metrics", "System metrics")
-    ]
-    return {
-        # Sorting by anything but creation time lists cells flat, and leaves the parent out.
-        "searchFilter": "tags.`kvsweep.role` = 'cell'",
-        "orderByKey": "params.`cache`",
-        "orderByAsc": True,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": group_keys},
-        "useGroupedValuesInCharts": True,
-        "compareRunCharts": [chart],
-        "compareRunSections": [
-            {"uuid": section, "name": "Compare strategies", "display": True, "columns": 1, "cardHeight": 520},
-            *folded,
-        ],
-        "isAccordionReordered": True,
-    }
-
-
-def save_view(client, experiment_id: str, key: str, name: str, state: dict) -> None:
-    """A saved view, as the UI's Views menu stores it, so a URL opens it."""
-    now = int(time.time() * 1000)
-    envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
-    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(envelope))
-
-
 def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     from mlflow import MlflowClient
 
@@ -177,7 +113,7 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     for child in children:
         params = child.data.params
         assert child.info.run_name == cell_run_name({**params, "compile": params["compile"] == "true"})
-    line_chart = all("context_length" in c.data.metrics for c in children)
+    assert all(c.data.metrics["context_length"] == int(c.data.params["context_length"]) for c in children)
 
     base = ui_sweep.base_url
     client = MlflowClient(tracking_uri=base)
@@ -196,17 +132,17 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     missing = [name for name in [parent_name, *cell_names] if name not in text]
     assert not missing, f"not rendered: {missing}\n{text[-2000:]}"
 
-    # Comparing strategies: the chart view, grouped by cache, tpot_ms against context_length.
-    save_view(client, experiment_id, VIEW_KEY, "Compare strategies", compare_view_state(line_chart))
+    # Comparing strategies: the saved view kvsweep wrote for this sweep, at the link it printed.
+    printed = re.search(r"compare strategies: (\S+)", ui_sweep.run.out)
+    assert printed, ui_sweep.run.out
     shot = ARTIFACTS / "mlflow-compare-strategies.png"
-    page = render(f"{runs}?compareRunsMode=CHART&viewStateShareKey={VIEW_KEY}", shot, size=(1900, 1000))
+    page = render(f"{base}/#/{printed.group(1).split('/#/', 1)[1]}", shot, size=(1900, 1400))
     text = page.text()
     assert "Group by: cache" in text, text[-2000:]
     assert "main-svg" in page.dom, "no chart was drawn"  # plotly's svg
     assert "context_length" in text and "tpot_ms" in text
     for cache in CACHES:
-        legend = f"{cache} (tpot_ms)" if line_chart else f"cache: {cache}, context_length: {CONTEXTS[0]}"
-        assert legend in text, f"{legend!r} not in the chart's legend\n{text[-2000:]}"
+        assert f"{cache} (tpot_ms)" in text, f"{cache!r} has no line in the chart\n{text[-2000:]}"
     crop_right_panel(shot)  # MLflow's assistant panel, docked right on a local server
     assert_not_blank(shot)
     if os.environ.get("KVSWEEP_UPDATE_DOCS") == "1":

@@ -33,7 +33,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
     from kvsweep import ray_session
     from kvsweep.scheduler import CellScheduler, Job, Limits
     from kvsweep.sink import MlflowSink
-    from kvsweep.tracking import SweepTracker, default_tracking_uri, runs_url
+    from kvsweep.tracking import SweepTracker, compare_url, default_tracking_uri, runs_url
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -166,6 +166,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             if not tracking_uri.startswith(("http://", "https://")):
                 say(f"  mlflow ui --backend-store-uri {tracking_uri}")
             say(f"  runs: {runs_url(tracking_uri, sink.tracker.experiment_id)}")
+            say(f"  compare strategies: {compare_url(tracking_uri, sink.tracker.experiment_id, sink.parent_run_id)}")
         say(f"  local copy: {run_dir}")
         return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
+from kvsweep.mlflow_view import compare_view_query, save_compare_view
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import CellResult
 
@@ -54,6 +55,11 @@ def runs_url(tracking_uri: str, experiment_id: str) -> str:
     if tracking_uri.startswith(("http://", "https://")):
         return f"{redact_uri(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs"
     return f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+
+
+def compare_url(tracking_uri: str, experiment_id: str, parent_run_id: str) -> str:
+    """The sweep's saved view: cells grouped by cache, metrics charted against context length."""
+    return runs_url(tracking_uri, experiment_id) + compare_view_query(parent_run_id)
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
@@ -100,6 +106,7 @@ class SweepTracker:
         )
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
         self.client.log_text(run.info.run_id, config_yaml, "config.yaml")
+        self.save_compare_view(run.info.run_id, name)
         return run.info.run_id
 
     def reopen_sweep(self, parent_run_id: str) -> None:
@@ -115,6 +122,10 @@ class SweepTracker:
         """The report folder as the parent run's `report/` artifacts (HTML, Markdown, plots)."""
         if folder.is_dir():
             self.client.log_artifacts(parent_run_id, str(folder), REPORT_ARTIFACT_DIR)
+
+    def save_compare_view(self, parent_run_id: str, sweep: str) -> None:
+        """The sweep's saved chart view in the UI (see mlflow_view.py)."""
+        save_compare_view(self.client, self.experiment_id, parent_run_id, sweep)
 
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
         now = _now_ms()
@@ -166,6 +177,8 @@ class SweepTracker:
         now = _now_ms()
         metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items() if v is not None and math.isfinite(v)]
         metrics.append(Metric("cell_wall_s", result.wall_s, now, 0))
+        # The axes again as metrics: MLflow's line charts take only a metric as their x axis.
+        metrics += [Metric(k, float(result.cell[k]), now, 0) for k in INT_PARAMS]
         self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, redact_text(v)) for k, v in tags.items()])
         if result.samples:
             self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
@@ -205,7 +218,7 @@ def result_from_run(run: Run) -> CellResult:
         cell,
         tags.get("kvsweep.status", "?"),
         error=tags.get("kvsweep.error", ""),
-        metrics=dict(run.data.metrics),
+        metrics={k: v for k, v in run.data.metrics.items() if k not in INT_PARAMS},
         attempt=int(tags.get("kvsweep.attempt", "1")),
         tags={k: tags[k] for k in CARRIED_TAGS if k in tags},
         environment={
