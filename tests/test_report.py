@@ -76,6 +76,7 @@ def test_drifting_outputs_are_flagged_and_not_picked_for_a_trained_model():
     quanto = trained.entries[1]
     assert "token agreement 0.40 < 0.90" in quanto.flags and "fall back to dynamic" in quanto.advice
     assert trained.fastest.label == "dynamic" and trained.leanest.label == "dynamic"
+    assert "flagged: quantized-quanto-int2 token agreement 0.40 < 0.90" in trained.summary()
     shape_only = [
         result(r.cell["cache"], model="tiny-llama", tags={"kvsweep.shape_only": "true"}, **r.metrics) for r in cells
     ]
@@ -120,6 +121,9 @@ def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(ru
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.html", "report/selection.md", "report/plots"} <= logged
     assert parent.data.params["report.max_slowdown"] == "0.1"
+    cells = client.search_runs(["1"], "tags.`kvsweep.role` = 'cell' and tags.`kvsweep.status` = 'ok'")
+    assert {c.data.tags["kvsweep.low_agreement"] for c in cells} <= {"true", "false"} and len(cells) == 6
+    assert all(c.data.tags["kvsweep.low_agreement"] == "false" for c in cells if c.data.params["cache"] == "dynamic")
 
     capsys.readouterr()
     rebuilt = tmp_path / "rebuilt"

@@ -11,6 +11,7 @@ from mlflow.entities import Run
 
 from kvsweep.journal import Journal, SweepHeader
 from kvsweep.models.resolve import classify
+from kvsweep.report.selection import Settings
 from kvsweep.results import CellResult
 from kvsweep.tracking import SweepTracker
 
@@ -23,6 +24,15 @@ def shape_only_tags(model: str) -> dict[str, str]:
     return {"kvsweep.shape_only": str(classify(model).kind == "preset").lower()}
 
 
+def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
+    """`kvsweep.low_agreement=true` when the tokens agree with dynamic less than the sweep's threshold."""
+    agreement = result.metrics.get("token_agreement")
+    if agreement is None:
+        return {}
+    threshold = float(sweep_params.get("report.min_token_agreement", Settings().min_token_agreement))
+    return {"kvsweep.low_agreement": str(agreement < threshold).lower()}
+
+
 def send_result(
     tracker: SweepTracker, parent_run_id: str, cell_runs: dict[str, str], result: CellResult, header: SweepHeader
 ) -> None:
@@ -30,7 +40,8 @@ def send_result(
     if run_id is None:
         run_id = tracker.open_cell(parent_run_id, result.cell_id, result.cell, header.device, header.name)
         cell_runs[result.cell_id] = run_id
-    tracker.finish_cell(run_id, result, header.device, shape_only_tags(result.cell["model"]))
+    tags = {**shape_only_tags(result.cell["model"]), **quality_tags(result, header.params)}
+    tracker.finish_cell(run_id, result, header.device, tags)
 
 
 def ensure_parent(tracker: SweepTracker, header: SweepHeader, known_parent: str | None) -> str:

@@ -23,7 +23,13 @@ RUN_NAME_TAG = "mlflow.runName"
 SWEEP_KEY_TAG = "kvsweep.sweep_key"
 ENV_TAG_PREFIX = "kvsweep.env."
 REPORT_ARTIFACT_DIR = "report"
-CARRIED_TAGS = ("kvsweep.inferred", "kvsweep.oom_kind", "kvsweep.shape_only", "kvsweep.contended")
+CARRIED_TAGS = (
+    "kvsweep.inferred",
+    "kvsweep.oom_kind",
+    "kvsweep.shape_only",
+    "kvsweep.contended",
+    "kvsweep.low_agreement",
+)
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries

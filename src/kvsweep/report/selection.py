@@ -71,6 +71,11 @@ class Decision:
             text += f"; leanest within {within}: {self.leanest.label} ({_vs(self.leanest, first=True)})"
         elif self.leanest is self.fastest:
             text += f"; also the leanest within {within}"
+        drifted = [
+            f"{e.label} {e.flags[0]}" for e in self.entries if e.status == OK and e.flags and "agreement" in e.flags[0]
+        ]
+        if drifted:
+            text += f"; flagged: {', '.join(drifted)}"
         return text
 
 
