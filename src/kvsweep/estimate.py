@@ -4,9 +4,8 @@ The dense formula is the yardstick every measured `kv_cache_bytes` is compared w
 """
 
 from kvsweep.caches import QUANTIZED_GROUP_SIZE, QUANTIZED_RESIDUAL_TOKENS, CacheStrategy
+from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.models.resolve import KvShape
-
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def dense_kv_bytes(shape: KvShape, tokens: int, batch: int, dtype: str) -> int:

@@ -12,8 +12,6 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-FAULTS = ("oom", "error", "hang", "exit")
-
 
 def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]]) -> str | None:
     """The first fault whose `match` fields all equal the cell's."""

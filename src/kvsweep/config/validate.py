@@ -3,9 +3,9 @@
 from typing import Any
 
 from kvsweep.caches import allowed_cache_names, get_strategy
+from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
-from kvsweep.faults import FAULTS
-from kvsweep.models.build import DTYPES
+from kvsweep.fault_kinds import FAULTS
 
 DEVICES = ("auto", "cuda", "cpu")
 RANK_BY = ("tpot_ms", "ttft_ms", "e2e_ms")
