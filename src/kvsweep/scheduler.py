@@ -6,8 +6,11 @@ itself, each attempt in a fresh actor. `admit` may answer for a cell without run
 
 Prestart: up to `prestart` spare actors are created ahead of need. A spare is a fresh process that
 has only imported the cell code; the next cell runs in it, so process start and imports overlap the
-running cell. A spare imports under the host's gate (exclusive lock) and a cell's measured phase
-holds the gate shared, so no spare is preparing while a cell on this host is being measured.
+running cell. For CPU cells the CPU is the measured device: a spare imports under the host's gate
+(exclusive lock) and a cell's measured phase holds the gate shared, so no spare is preparing while a
+cell on this host is being measured. For GPU cells a spare's imports touch no GPU (torch initialises
+CUDA lazily), so they run ungated on the host's other cores; gating them there would starve spares
+on a many-GPU host, where some cell is nearly always in its measured phase.
 """
 
 import contextlib
@@ -38,13 +41,14 @@ class CellActor:
     driver asked for the actor. Timestamps of every phase go into the result's `environment.timeline`.
     """
 
-    def __init__(self, prepare: str = "", requested_at: float = 0.0) -> None:
+    def __init__(self, prepare: str = "", requested_at: float = 0.0, gated: bool = True) -> None:
         self.timeline: dict[str, float] = {"requested_at": requested_at}
         self.timeline["process_started_at"] = process_started_at()
         self.timeline["actor_init_at"] = time.time()
         self._measuring: Any = None
+        self._gated = gated
         if prepare:
-            with host_gate(exclusive=True):
+            with host_gate(exclusive=True) if gated else contextlib.nullcontext():
                 self.timeline["prepare_at"] = time.time()
                 importlib.import_module(prepare)
             self.timeline["prepared_at"] = time.time()
@@ -81,7 +85,7 @@ class CellActor:
 
     def _phase(self, name: str) -> None:
         self.timeline[f"{name}_at"] = time.time()
-        if name == "measuring":  # wait until no spare is importing on this host, then keep them out
+        if name == "measuring" and self._gated:  # wait until no spare imports on this host, then keep them out
             self._measuring = host_gate(exclusive=False)
             self._measuring.__enter__()
             self.timeline["gate_passed_at"] = time.time()
@@ -159,6 +163,7 @@ class CellScheduler:
         self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **limits.needs.actor_options())(CellActor)
         runner = self.testing.get("runner") or ""
         self.prepare_module = runner.partition(":")[0] if runner else RUNNER_MODULE
+        self.gated = protocol.get("device", "cpu") == "cpu"  # see the module docstring
 
     def run(
         self,
@@ -233,11 +238,11 @@ class CellScheduler:
             except Exception:  # died while idle (e.g. Ray's memory monitor): not this cell's fault
                 with contextlib.suppress(Exception):
                     ray.kill(spare.actor, no_restart=True)
-        return self.actor_class.remote("", time.time())
+        return self.actor_class.remote("", time.time(), self.gated)
 
     def _prestart(self, still_waiting: int) -> None:
         while len(self.spares) < min(self.limits.prestart, still_waiting):
-            actor = self.actor_class.remote(self.prepare_module, time.time())
+            actor = self.actor_class.remote(self.prepare_module, time.time(), self.gated)
             self.spares.append(_Spare(actor, actor.ready.remote()))
 
     def _drop_spares(self) -> None:
