@@ -24,6 +24,7 @@ FAST = [
     "grid.max_new_tokens=[4]",
     "measure.warmup=0",
     "measure.repeats=1",
+    "measure.min_duration_s=0",
     "measure.threads=1",
 ]
 
