@@ -51,6 +51,7 @@ def grid(quick: bool) -> list[str]:
         "grid.caches=[dynamic,static,quantized-hqq-int4,quantized-quanto-int4]",
         "measure.warmup=1",
         f"measure.repeats={2 if quick else 3}",
+        "measure.min_duration_s=0",
         "device=cpu",
     ]
 

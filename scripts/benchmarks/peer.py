@@ -113,6 +113,7 @@ def run_kvsweep(out: Path, caches: list[str], warmup: int, repeats: int) -> tupl
         f"grid.caches=[{','.join(caches)}]",
         f"measure.warmup={warmup}",
         f"measure.repeats={repeats}",
+        "measure.min_duration_s=0",  # exactly `repeats` runs, as the peer does
         f"measure.threads={THREADS}",
         f"device={device()}",
         f"mlflow.tracking_uri=sqlite:///{out}/mlflow.db",
