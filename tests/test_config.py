@@ -45,6 +45,7 @@ BAD_CONFIGS = [
     (["report.rank_by=speed"], "report.rank_by: unknown metric 'speed'", "tpot_ms"),
     (["report.max_slowdown=-0.1"], "report.max_slowdown must be >= 0", ""),
     (["report.min_token_agreement=1.5"], "report.min_token_agreement must be between 0 and 1", ""),
+    (["+testing.faults=[{fault: oom, during: later}]"], "testing.faults[0].during: unknown phase 'later'", "quality"),
     (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
 ]
 

@@ -180,3 +180,14 @@ def test_fast_cells_are_measured_for_at_least_the_minimum_duration():
     assert sum(r["e2e_ms"] for r in repeats) >= 0.8 * 1000  # the gaps between runs are not counted
     capped = run_cell(cell("dynamic", context=64, batch=1, new=4), dict(floor, min_duration_s=100.0, max_repeats=3))
     assert capped["metrics"]["repeats"] == 3  # the cap wins over the time floor
+
+
+def test_a_quality_check_that_runs_out_of_memory_keeps_the_measurement():
+    """The dynamic baseline may not fit where a lean cache does: the numbers stay, quality says why."""
+    oom = [{"match": {"cache": "static"}, "fault": "oom", "during": "quality"}]
+    result = run_cell(cell("static", context=64, batch=1, new=4), PROTO, oom)
+    assert result["status"] == "ok" and result["metrics"]["tpot_ms"] > 0
+    assert "token_agreement" not in result["metrics"] and "kl_divergence" not in result["metrics"]
+    assert result["tags"]["kvsweep.quality"].startswith("not measured: the quality check ran out of memory")
+    broken = [{"match": {"cache": "static"}, "fault": "error", "during": "quality"}]
+    assert run_cell(cell("static", context=64, batch=1, new=4), PROTO, broken)["status"] == "error"  # bugs still show

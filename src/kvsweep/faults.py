@@ -13,9 +13,11 @@ import torch
 from transformers import LogitsProcessor
 
 
-def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]]) -> str | None:
-    """The first fault whose `match` fields all equal the cell's."""
+def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]], during: str = "measure") -> str | None:
+    """The first fault for this phase whose `match` fields all equal the cell's."""
     for fault in faults:
+        if fault.get("during", "measure") != during:
+            continue
         if all(str(cell.get(key)) == str(value) for key, value in fault.get("match", {}).items()):
             return fault["fault"]
     return None

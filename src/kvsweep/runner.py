@@ -45,7 +45,13 @@ class GenerateSession:
     """Runs `generate` for one cell the same way every time, with the token clock attached."""
 
     def __init__(
-        self, model: PreTrainedModel, inputs: torch.Tensor, cell: Cell, device: str, fault: str | None
+        self,
+        model: PreTrainedModel,
+        inputs: torch.Tensor,
+        cell: Cell,
+        device: str,
+        fault: str | None,
+        quality_fault: str | None = None,
     ) -> None:
         self.model = model
         self.inputs = inputs
@@ -57,6 +63,7 @@ class GenerateSession:
         if fault is not None:
             processors.append(InjectFault(fault))
         self.processors = LogitsProcessorList(processors)
+        self.quality_fault = quality_fault
 
     def generation_config(self, strategy: CacheStrategy) -> GenerationConfig:
         compile_config = None
@@ -97,6 +104,8 @@ class GenerateSession:
     @torch.inference_mode()
     def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:
         """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
+        if self.quality_fault is not None:
+            processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
         out = self.model.generate(
             self.inputs,
             attention_mask=self.mask,
@@ -202,7 +211,8 @@ def _measure(
     if cell.compile and not session_on_cuda(device):
         model.forward = torch.compile(eager_forward, dynamic=False)  # generation skips compile on CPU
     inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
-    session = GenerateSession(model, inputs, cell, device, fault_for(cell.to_dict(), faults))
+    faulty = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
+    session = GenerateSession(model, inputs, cell, device, *faulty)
 
     first = session.call(strategy)
     for _ in range(protocol.warmup):
@@ -222,7 +232,7 @@ def _measure(
     for run in runs:
         run.cache = None  # free the caches before the baseline allocates its own
     model.forward = eager_forward  # the baseline's growing dynamic cache would only trigger recompiles
-    quality = _quality(session, strategy, last.new_tokens, model.config.vocab_size)
+    quality = _quality_or_nothing(session, strategy, last.new_tokens, model.config.vocab_size, result)
 
     result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
     result.metrics.update(
@@ -236,6 +246,22 @@ def _measure(
         "first_call": _call_samples(first),
         "repeats": [_call_samples(r) for r in runs],
     }
+
+
+def _quality_or_nothing(
+    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, result: CellResult
+) -> dict[str, float]:
+    """The quality check runs after the measurement: if its extra calls do not fit (a dynamic baseline
+    where only a lean cache fits is the very case), the cell keeps its numbers and says why."""
+    try:
+        return _quality(session, strategy, tokens, vocab)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not isinstance(exc, torch.OutOfMemoryError) and "out of memory" not in str(exc).lower():
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        result.tags["kvsweep.quality"] = f"not measured: the quality check ran out of memory ({type(exc).__name__})"
+        return {}
 
 
 def _quality(session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int) -> dict[str, float]:

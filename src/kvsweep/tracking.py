@@ -29,6 +29,7 @@ CARRIED_TAGS = (
     "kvsweep.shape_only",
     "kvsweep.contended",
     "kvsweep.low_agreement",
+    "kvsweep.quality",
 )
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
 PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")

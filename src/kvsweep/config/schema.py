@@ -76,6 +76,9 @@ class FaultConfig:
 
     match: dict[str, Any] = _help(dict, "cell fields that select cells, e.g. {cache: static}")
     fault: str = _help("error", "oom | error | hang | exit")
+    during: str = _help(
+        "measure", "measure | quality: which generate calls fail (the cell's own, or the quality check's)"
+    )
 
 
 @dataclass

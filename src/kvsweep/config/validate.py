@@ -5,7 +5,7 @@ from typing import Any
 from kvsweep.caches import allowed_cache_names, get_strategy
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
-from kvsweep.fault_kinds import FAULTS
+from kvsweep.fault_kinds import FAULTS, PHASES
 
 DEVICES = ("auto", "cuda", "cpu")
 RANK_BY = ("tpot_ms", "ttft_ms", "e2e_ms")
@@ -65,6 +65,10 @@ def validate(cfg: dict[str, Any]) -> None:
         if fault["fault"] not in FAULTS:
             raise ConfigError(
                 f"testing.faults[{i}].fault: unknown fault {fault['fault']!r}; allowed: {', '.join(FAULTS)}"
+            )
+        if fault["during"] not in PHASES:
+            raise ConfigError(
+                f"testing.faults[{i}].during: unknown phase {fault['during']!r}; allowed: {', '.join(PHASES)}"
             )
 
 

@@ -160,6 +160,8 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     if drifted:
         entry.flags.append(f"token agreement {agreement:.2f} < {settings.min_token_agreement:.2f}")
         entry.advice = quality_advice(agreement, settings.min_token_agreement)
+    if "kvsweep.quality" in result.tags:
+        entry.flags.append(f"quality {result.tags['kvsweep.quality']}")
     if shape_only:
         entry.flags.append("shape-only (random weights)")
     if result.tags.get("kvsweep.contended") == "true":
