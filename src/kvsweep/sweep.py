@@ -6,8 +6,9 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kvsweep.delivery import REPORT_DIR, shape_only_tags
 from kvsweep.grid import cell_id
@@ -19,6 +20,9 @@ from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, RESULT_STATUSES, SKIPPED, CellResult
 from kvsweep.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.table import results_csv, results_table
+
+if TYPE_CHECKING:
+    from kvsweep.sink import MlflowSink
 
 
 def sweep_key(cfg: dict[str, Any]) -> str:
@@ -173,7 +177,9 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         ray_session.shutdown(session)
 
 
-def _write_report(results: list[CellResult], run_dir: Path, cfg: dict[str, Any], sink: Any, say: Any) -> str:
+def _write_report(
+    results: list[CellResult], run_dir: Path, cfg: dict[str, Any], sink: "MlflowSink", say: Callable[[str], None]
+) -> str:
     """The report folder in the run folder (the sink logs it on the parent); returns the short selection.
 
     A failure here is reported and swallowed: every measurement is already journaled and in MLflow.
