@@ -69,7 +69,8 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         assert set(run.data.params) >= CELL_PARAMS
         assert set(run.data.metrics) >= CELL_METRICS
         assert run.data.params["context_length"] == "128" and run.data.params["device"] == "cpu"
-        assert run.data.metrics["repeats"] == 2
+        # The default preset: at least measure.repeats runs and 2 s of them, at most 30.
+        assert 2 <= run.data.metrics["repeats"] <= 30
         samples = json.loads(
             Path(MlflowClient(uri).download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text()
         )
