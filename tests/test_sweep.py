@@ -74,7 +74,7 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         samples = json.loads(
             Path(MlflowClient(uri).download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text()
         )
-        assert len(samples["samples"]["repeats"]) == 2
+        assert len(samples["samples"]["repeats"]) == run.data.metrics["repeats"]  # raw samples behind the median
         assert samples["environment"]["torch_version"]
     skipped = by_cache["offloaded"]
     assert skipped.data.tags["kvsweep.status"] == "skipped" and "CUDA" in skipped.data.tags["kvsweep.error"]
