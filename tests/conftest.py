@@ -103,8 +103,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_mlflow_server(store_dir: Path, port: int):
-    """A real `mlflow server` on 127.0.0.1, ready when this returns; the caller stops it."""
+def start_mlflow_server(store_dir: Path, port: int, extra_args: tuple[str, ...] = (), env: dict | None = None):
+    """A real `mlflow server` on 127.0.0.1, ready when this returns; the caller stops it.
+
+    `extra_args` (e.g. `--app-name basic-auth`) and `env` (added to this process's) configure it further.
+    """
     import subprocess
     import time
     import urllib.request
@@ -125,9 +128,11 @@ def start_mlflow_server(store_dir: Path, port: int):
             str(store_dir / "artifacts"),
             "--workers",
             "1",
+            *extra_args,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 120
     while True:

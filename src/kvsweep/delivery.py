@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlflow.entities import Run
 
+from kvsweep.credentials import sync_tracking_uri
 from kvsweep.journal import Journal, SweepHeader
 from kvsweep.models.resolve import classify
 from kvsweep.report.selection import Settings
@@ -67,13 +68,16 @@ def unsent(results: list[CellResult], children: dict[str, Run]) -> list[CellResu
 
 
 def sync_journal(journal_path: Path, tracking_uri: str | None = None) -> tuple[int, int]:
-    """Push a journal's results that MLflow lacks. Returns (sent, already there)."""
+    """Push a journal's results that MLflow lacks. Returns (sent, already there).
+
+    Raises `CredentialsMissing` when the journal's URI lost its credentials and nothing supplies them.
+    """
     run_dir = journal_path.parent
     contents = Journal(run_dir).read()
     if contents.header is None:
         raise ValueError(f"{journal_path} has no sweep header; not a kvsweep journal")
     header = contents.header
-    tracker = SweepTracker(tracking_uri or header.tracking_uri, header.experiment)
+    tracker = SweepTracker(sync_tracking_uri(header.tracking_uri, tracking_uri), header.experiment)
     parent = ensure_parent(tracker, header, contents.parent_run_id)
     children = tracker.child_runs(parent)
     results = contents.latest_results()

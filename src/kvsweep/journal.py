@@ -3,6 +3,8 @@
 Plain JSON (never pickle), appended and flushed line by line: a header saying which sweep this is
 and where its results belong, the parent run id once MLflow gave one, then one line per finished
 cell. Whatever MLflow missed can be pushed later from here (`python -m kvsweep sync`).
+Every string is redacted on its way to disk: the header's tracking URI keeps its address but not
+its credentials (sync gets those from MLflow's own variables, see credentials.py).
 """
 
 import json
@@ -10,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 
 JOURNAL_NAME = "journal.jsonl"
@@ -45,7 +48,7 @@ class Journal:
     def _append(self, record: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.write(json.dumps(_redacted(record), sort_keys=True) + "\n")
             handle.flush()
 
     def write_header(self, header: SweepHeader) -> None:
@@ -80,6 +83,17 @@ class Journal:
                 elif kind == "end":
                     end = record
         return JournalContents(header, parent, results, end)
+
+
+def _redacted(value: Any) -> Any:
+    """The record with every string redacted (credentials in URIs, secret environment values)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def find_journals(path: Path) -> list[Path]:

@@ -40,7 +40,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
     from kvsweep.tracking import SweepTracker, compare_url, default_tracking_uri, runs_url
 
     def say(text: str) -> None:
-        print(text, file=out, flush=True)
+        print(redact_text(text), file=out, flush=True)
 
     tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts
     config_yaml = redact_text(config_yaml)
@@ -69,7 +69,13 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             **{f"report.{k}": v for k, v in cfg["report"].items()},
         }
         header = SweepHeader(
-            cfg["name"], sweep_key(cfg), cfg["mlflow"]["experiment"], tracking_uri, device, config_yaml, params
+            cfg["name"],
+            sweep_key(cfg),
+            cfg["mlflow"]["experiment"],
+            redact_uri(tracking_uri),  # on disk without credentials; `sync` gets them from MLflow's variables
+            device,
+            config_yaml,
+            params,
         )
         journal = Journal(run_dir)
         journal.write_header(header)
@@ -168,7 +174,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             )
         else:
             if not tracking_uri.startswith(("http://", "https://")):
-                say(f"  mlflow ui --backend-store-uri {tracking_uri}")
+                say(f"  mlflow ui --backend-store-uri {redact_uri(tracking_uri)}")
             say(f"  runs: {runs_url(tracking_uri, sink.tracker.experiment_id)}")
             say(f"  compare strategies: {compare_url(tracking_uri, sink.tracker.experiment_id, sink.parent_run_id)}")
         say(f"  local copy: {run_dir}")
