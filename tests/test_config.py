@@ -1,10 +1,13 @@
 """Config mistakes fail before Ray starts: exit 2, one line naming the key and what is allowed."""
 
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from kvsweep.cli import main
 from kvsweep.config.compose import compose_config
@@ -47,6 +50,14 @@ BAD_CONFIGS = [
     (["report.min_token_agreement=1.5"], "report.min_token_agreement must be between 0 and 1", ""),
     (["+testing.faults=[{fault: oom, during: later}]"], "testing.faults[0].during: unknown phase 'later'", "quality"),
     (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
+    # Hydra users' habits: multirun is refused (the grid is the sweep), unknown flags named
+    (["-m", "grid.caches=[dynamic]"], "--multirun is not needed: the grid is the sweep", "grid.batch_sizes=[1,4]"),
+    (["--multirun"], "--multirun is not needed", "list"),
+    (["grid.batch_sizes=1,4"], "grid.batch_sizes=1,4 is Hydra's multirun sweep syntax", "'grid.batch_sizes=[1,4]'"),
+    (["--cfg", "yaml"], "--cfg takes one of job, hydra, all, not 'yaml'", ""),
+    (["--cfg"], "--cfg takes one of", "nothing"),
+    (["--config-dir=x"], "unknown option '--config-dir=x'", "--cfg job|hydra|all"),
+    (["--cfg", "job", "grid.caches=[dynamo]"], "unknown cache 'dynamo'", ""),  # what --cfg prints is validated
 ]
 
 
@@ -113,3 +124,39 @@ def test_help_lists_every_key(capsys):
     out = capsys.readouterr().out
     for key in ("grid.context_lengths", "measure.repeats", "ray.cell_timeout_s", "mlflow.tracking_uri"):
         assert key in out
+
+
+def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    uri = "http://alice:pw-9f8e7d@tracking.example:5000"
+    assert main(["--cfg", "job", "+sweep=long_context", "grid.batch_sizes=[2]", f"mlflow.tracking_uri={uri}"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["name"] == "long_context" and printed["grid"]["batch_sizes"] == [2]
+    assert printed["grid"]["dtypes"] == ["bfloat16"]  # from sweeps/long_context.yaml
+    assert printed["measure"]["repeats"] >= 1 and "hydra" not in printed
+    assert printed["mlflow"]["tracking_uri"] == "http://***@tracking.example:5000"  # printed redacted
+    assert list(tmp_path.iterdir()) == []  # no outputs/, no mlflow.db: nothing started
+
+
+def test_cfg_all_adds_hydras_own_node(capsys):
+    assert main(["--cfg=all", "hydra.run.dir=/tmp/kv-run"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["hydra"]["run"]["dir"] == "/tmp/kv-run"
+    assert printed["name"] == "quickstart" and "grid" in printed
+    assert main(["-c", "hydra"]) == 0
+    assert set(yaml.safe_load(capsys.readouterr().out)) == {"hydra"}
+
+
+def test_info_prints_the_search_path_and_the_sweep_files(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mine.yaml").write_text("name: mine\n")
+    (tmp_path / "quickstart.yaml").write_text("name: my-quickstart\n")
+    monkeypatch.setenv("KVSWEEP_SWEEPS_PATH", str(tmp_path))
+    assert main(["--info"]) == 0
+    out = capsys.readouterr().out
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    assert f"file://{conf}" in out and "pkg://hydra.conf" in out
+    bundled = sorted(p.stem for p in (conf.parent / "sweeps").glob("*.yaml"))
+    assert all(re.search(rf"^\s+{name}\s", out, re.M) for name in [*bundled, "mine"]), out
+    assert f"{tmp_path}  (KVSWEEP_SWEEPS_PATH)" in out
+    assert f"(overridden by {tmp_path / 'quickstart.yaml'})" in out  # the user's file wins the name
+    assert compose_config(["+sweep=quickstart"]).config["name"] == "my-quickstart"  # as --info said

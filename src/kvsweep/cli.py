@@ -3,9 +3,12 @@
 import sys
 
 from kvsweep.errors import ClusterError, ConfigError
+from kvsweep.hydra_flags import CommandLine, CommandLineError, parse_command_line
 
 USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep (default: quickstart)
        python -m kvsweep dry_run=true [...]              print the grid and plan, start nothing
+       python -m kvsweep --cfg job [...]                 print the composed config (job, hydra or all), start nothing
+       python -m kvsweep --info                          print the config search path and the sweep files found
        python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's results table from MLflow
        python -m kvsweep sync [PATH]                     send journaled results MLflow missed (idempotent)
 
@@ -27,13 +30,34 @@ def main(argv: list[str] | None = None) -> int:
 
         return report_main(args[1:])
     try:
-        return run(args)
+        return run_command_line(parse_command_line(args))
+    except CommandLineError as exc:
+        print(f"kvsweep: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"kvsweep: config error: {exc}", file=sys.stderr)
         return 2
     except ClusterError as exc:
         print(f"kvsweep: cluster error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_command_line(line: CommandLine) -> int:
+    """Hydra's flags first (each prints and exits 0, starting nothing), else the sweep."""
+    if line.help:
+        print(USAGE + config_help())
+        return 0
+    if line.show_config:
+        from kvsweep.config.show import config_yaml
+
+        print(config_yaml(line.overrides, line.show_config), end="")
+        return 0
+    if line.info:
+        from kvsweep.config.show import info_text
+
+        print(info_text())
+        return 0
+    return run(line.overrides)
 
 
 def run(overrides: list[str]) -> int:

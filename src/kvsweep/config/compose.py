@@ -6,6 +6,9 @@ becomes one clear line and exit code 2 before Ray starts. The run folder follows
 """
 
 import dataclasses
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,31 +57,48 @@ class Composed:
     yaml: str
     run_dir: Path
     overrides: list[str]
+    hydra: dict[str, Any] = dataclasses.field(default_factory=dict)  # Hydra's own node, unresolved (--cfg hydra)
+
+
+@contextmanager
+def hydra_initialized() -> Iterator[GlobalHydra]:
+    """Hydra set up on kvsweep's conf/ folder (schema and sweeps registered), cleared afterwards."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="kvsweep"):
+            yield GlobalHydra.instance()
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def compose_config(overrides: list[str]) -> Composed:
     register_schema()
     sweeps = register_sweeps()
     overrides = with_default_sweep(overrides)
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="kvsweep"):
+        with hydra_initialized():
             cfg = compose(config_name=PRIMARY, overrides=overrides, return_hydra_config=True)
             run_dir = Path(str(cfg.hydra.run.dir))
+            hydra_node = OmegaConf.to_container(cfg.hydra, resolve=False)
             OmegaConf.set_struct(cfg, False)
             cfg.pop("hydra")
             plain = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(describe_error(exc, sweeps)) from None
-    finally:
-        GlobalHydra.instance().clear()
     validate(plain)
-    return Composed(plain, OmegaConf.to_yaml(OmegaConf.create(plain)), run_dir, overrides)
+    return Composed(plain, OmegaConf.to_yaml(OmegaConf.create(plain)), run_dir, overrides, hydra_node)
 
 
 def describe_error(exc: BaseException, sweeps: list[str]) -> str:
     """One line from Hydra/OmegaConf's multi-line errors: what was wrong and what is allowed."""
     text = str(exc)
+    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text)
+    if ambiguous:  # `key=1,4`: Hydra's multirun sweep syntax
+        key, value = ambiguous.groups()
+        return (
+            f"{key}={value} is Hydra's multirun sweep syntax; kvsweep's grid takes a list instead: "
+            f"'{key}=[{value}]' (one run measures every combination)"
+        )
     if "sweep" in text and ("Could not find" in text or "Could not load" in text):
         return f"unknown sweep; available: {', '.join(sorted(set(sweeps)))}"
     cause: BaseException | None = exc
