@@ -36,6 +36,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 DOCS_SHOT = ROOT / "docs" / "mlflow-ui.png"
 CACHES = ("dynamic", "static", "quantized-hqq-int4")
 CONTEXTS = (32, 64)
+BATCHES = (1, 2)  # a second varying axis: the chart must not average across it
 
 
 @dataclass
@@ -46,7 +47,7 @@ class UiSweep:
 
 @pytest.fixture(scope="module")
 def ui_sweep(ray_cluster, tmp_path_factory):
-    """One real tiny sweep for both tests (3 caches x 2 context lengths, two cells at a time), served.
+    """One real tiny sweep for both tests (3 caches x 2 context lengths x 2 batch sizes, two cells at a time), served.
 
     The sweep writes straight into the file `start_mlflow_server` serves; the server starts in a
     thread while the sweep runs, once the store exists (two processes creating one store race).
@@ -80,6 +81,7 @@ def ui_sweep(ray_cluster, tmp_path_factory):
         *FAST,
         f"grid.caches=[{','.join(CACHES)}]",
         f"grid.context_lengths=[{','.join(map(str, CONTEXTS))}]",
+        f"grid.batch_sizes=[{','.join(map(str, BATCHES))}]",
         "ray.max_concurrent=2",
         "measure.warmup=1",  # steadier numbers for the screenshot, at little cost
         "measure.repeats=3",
@@ -105,7 +107,7 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     from mlflow import MlflowClient
 
     parents, children = cell_runs(ui_sweep.run.tracking_uri)
-    assert len(parents) == 1 and len(children) == len(CACHES) * len(CONTEXTS)
+    assert len(parents) == 1 and len(children) == len(CACHES) * len(CONTEXTS) * len(BATCHES)
     assert {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
     parent_name = parents[0].info.run_name
     cell_names = sorted(c.info.run_name for c in children)
@@ -138,11 +140,13 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     shot = ARTIFACTS / "mlflow-compare-strategies.png"
     page = render(f"{base}/#/{printed.group(1).split('/#/', 1)[1]}", shot, size=(1900, 1400))
     text = page.text()
-    assert "Group by: cache" in text, text[-2000:]
     assert "main-svg" in page.dom, "no chart was drawn"  # plotly's svg
     assert "context_length" in text and "tpot_ms" in text
-    for cache in CACHES:
-        assert f"{cache} (tpot_ms)" in text, f"{cache!r} has no line in the chart\n{text[-2000:]}"
+    # One line per configuration: (cache, batch size), never a mean over batch sizes.
+    lines = set(re.findall(r"cache: ([\w-]+), batch_size: (\d+) \(tpot_ms\)", text))
+    expected = {(cache, str(batch)) for cache in CACHES for batch in BATCHES}
+    assert lines == expected, f"chart lines {sorted(lines)}\n{text[-3000:]}"
+    assert not re.search(r"(?<!: )\b(dynamic|static) \(tpot_ms\)", text), "a line grouped by cache alone"
     crop_right_panel(shot)  # MLflow's assistant panel, docked right on a local server
     assert_not_blank(shot)
     if os.environ.get("KVSWEEP_UPDATE_DOCS") == "1":

@@ -3,24 +3,53 @@
 MLflow 3's runs page keeps grouping and charts in saved views: an experiment tag
 `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
 UI's Views menu writes), opened with `#/experiments/<id>/runs?compareRunsMode=CHART&viewStateShareKey=<key>`.
-kvsweep writes one per sweep: only that sweep's cells, grouped by `cache`, with line charts of
-TPOT, TTFT and KV cache bytes against `context_length` (a line chart can only put a *metric* on
-its x axis, so the axes are logged as metrics as well as params).
+kvsweep writes one per sweep: only that sweep's cells, with line charts of TPOT, TTFT and KV cache
+bytes against `context_length` (a line chart can only put a *metric* on its x axis, so the axes are
+logged as metrics as well as params). Cells are grouped by `cache` plus every other grid axis that
+varies in the sweep: MLflow draws one line per group and averages the runs within it, so grouping
+by `cache` alone would average a batch-1 and a batch-4 cell into one point.
 """
 
 import json
 import time
 from typing import Any
 
+from omegaconf import OmegaConf
+
 CHARTS = ("tpot_ms", "ttft_ms", "kv_cache_bytes")
 SECTION = "kvsweep-compare"
+X_AXIS = "context_length"
+# grid key -> the cell param it becomes, in the order groups are named (cache first)
+AXIS_PARAMS = {
+    "caches": "cache",
+    "models": "model",
+    "dtypes": "dtype",
+    "batch_sizes": "batch_size",
+    "max_new_tokens": "max_new_tokens",
+    "compile": "compile",
+    "context_lengths": "context_length",
+}
+
+
+def group_keys(grid: dict[str, list[Any]]) -> list[str]:
+    """`cache` and every other axis with more than one value, except the charts' x axis: one line per configuration."""
+    varying = [param for key, param in AXIS_PARAMS.items() if len({str(v) for v in grid.get(key, [])}) > 1]
+    return ["cache", *(p for p in varying if p not in ("cache", X_AXIS))]
+
+
+def group_keys_from_config(config_yaml: str) -> list[str]:
+    """The same from the sweep's saved config (the YAML logged on its parent run, kept in its journal)."""
+    grid = OmegaConf.to_container(OmegaConf.create(config_yaml or "{}")).get("grid") or {}
+    return group_keys(grid)
 
 
 def view_key(parent_run_id: str) -> str:
     return f"kvsweep-{parent_run_id}"
 
 
-def compare_view_state(parent_run_id: str, metrics: tuple[str, ...] = CHARTS) -> dict[str, Any]:
+def compare_view_state(
+    parent_run_id: str, groups: list[str] | None = None, metrics: tuple[str, ...] = CHARTS
+) -> dict[str, Any]:
     charts = [
         {
             "uuid": f"kvsweep-{metric}-by-context",
@@ -28,7 +57,7 @@ def compare_view_state(parent_run_id: str, metrics: tuple[str, ...] = CHARTS) ->
             "metricKey": metric,
             "selectedMetricKeys": [metric],
             "xAxisKey": "metric",
-            "selectedXAxisMetricKey": "context_length",
+            "selectedXAxisMetricKey": X_AXIS,
             "useGlobalXaxisKey": False,
             "displayPoints": True,
             "scaleType": "linear",
@@ -50,7 +79,10 @@ def compare_view_state(parent_run_id: str, metrics: tuple[str, ...] = CHARTS) ->
         "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
         "orderByKey": "params.`cache`",
         "orderByAsc": True,
-        "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "param", "groupByData": "cache"}]},
+        "groupBy": {
+            "aggregateFunction": "average",
+            "groupByKeys": [{"mode": "param", "groupByData": key} for key in groups or ["cache"]],
+        },
         "useGroupedValuesInCharts": True,
         "compareRunCharts": charts,
         "compareRunSections": [
@@ -61,10 +93,10 @@ def compare_view_state(parent_run_id: str, metrics: tuple[str, ...] = CHARTS) ->
     }
 
 
-def save_compare_view(client: Any, experiment_id: str, parent_run_id: str, sweep: str) -> str:
+def save_compare_view(client: Any, experiment_id: str, parent_run_id: str, sweep: str, groups: list[str]) -> str:
     """Writes the view for this sweep; returns its key."""
     now = int(time.time() * 1000)
-    state = compare_view_state(parent_run_id)
+    state = compare_view_state(parent_run_id, groups)
     envelope = {"name": f"{sweep}: compare strategies", "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     key = view_key(parent_run_id)
     client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(envelope))

@@ -14,7 +14,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
-from kvsweep.mlflow_view import compare_view_query, save_compare_view
+from kvsweep.mlflow_view import compare_view_query, group_keys_from_config, save_compare_view
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import CellResult
 
@@ -113,7 +113,7 @@ class SweepTracker:
         )
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
         self.client.log_text(run.info.run_id, config_yaml, "config.yaml")
-        self.save_compare_view(run.info.run_id, name)
+        self.save_compare_view(run.info.run_id, name, group_keys_from_config(config_yaml))
         return run.info.run_id
 
     def reopen_sweep(self, parent_run_id: str) -> None:
@@ -130,9 +130,9 @@ class SweepTracker:
         if folder.is_dir():
             self.client.log_artifacts(parent_run_id, str(folder), REPORT_ARTIFACT_DIR)
 
-    def save_compare_view(self, parent_run_id: str, sweep: str) -> None:
-        """The sweep's saved chart view in the UI (see mlflow_view.py)."""
-        save_compare_view(self.client, self.experiment_id, parent_run_id, sweep)
+    def save_compare_view(self, parent_run_id: str, sweep: str, groups: list[str]) -> None:
+        """The sweep's saved chart view in the UI, one line per configuration (see mlflow_view.py)."""
+        save_compare_view(self.client, self.experiment_id, parent_run_id, sweep, groups)
 
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
         now = _now_ms()

@@ -1,0 +1,43 @@
+"""The saved 'compare strategies' view groups cells so that each chart line is one configuration."""
+
+import json
+
+from mlflow import MlflowClient
+
+from kvsweep.config.compose import compose_config
+from kvsweep.mlflow_view import group_keys, group_keys_from_config
+from kvsweep.tracking import SweepTracker
+
+
+def test_every_varying_axis_but_the_x_axis_is_a_group_key():
+    grid = {
+        "models": ["tiny-llama"],
+        "dtypes": ["float32", "bfloat16"],
+        "context_lengths": [64, 128],  # the x axis: never a group
+        "batch_sizes": [1, 1],  # one value, written twice: does not vary
+        "max_new_tokens": [4, 8],
+        "caches": ["dynamic"],  # always a group, even alone
+        "compile": [False],
+    }
+    assert group_keys(grid) == ["cache", "dtype", "max_new_tokens"]
+    assert group_keys({**grid, "compile": [False, True], "models": ["a", "b"]}) == [
+        "cache",
+        "model",
+        "dtype",
+        "max_new_tokens",
+        "compile",
+    ]
+
+
+def test_the_view_saved_with_a_sweep_groups_by_its_varying_axes(tmp_path):
+    """A real composed config (quickstart: two dtypes) and a real MLflow store; the view read back as the UI would."""
+    composed = compose_config(["grid.batch_sizes=[1,4]"])
+    assert group_keys_from_config(composed.yaml) == ["cache", "dtype", "batch_size"]
+    tracker = SweepTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "views")
+    parent = tracker.start_sweep("quickstart", "key", {}, composed.yaml)
+    tags = MlflowClient(tracker.tracking_uri).get_experiment(tracker.experiment_id).tags
+    envelope = json.loads(tags[f"mlflow.sharedViewState.kvsweep-{parent}"])
+    state = json.loads(envelope["state"])
+    keys = [(k["mode"], k["groupByData"]) for k in state["groupBy"]["groupByKeys"]]
+    assert keys == [("param", "cache"), ("param", "dtype"), ("param", "batch_size")]
+    assert {c["selectedXAxisMetricKey"] for c in state["compareRunCharts"]} == {"context_length"}
