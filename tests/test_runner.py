@@ -62,7 +62,7 @@ def test_quantized_stores_packed_codes(results):
     for name in ("quantized-hqq-int4", "quantized-quanto-int4", "quantized-hqq-int2", "quantized-quanto-int2"):
         stored = results[name]["metrics"]["kv_cache_bytes"]
         assert stored < 0.35 * d, name
-        assert stored == stored_kv_bytes(get_strategy(name), SHAPE, 512 + 16 - 1, 2, "float32"), name
+        assert stored == stored_kv_bytes(get_strategy(name), SHAPE, 2, "float32", prompt=512, decoded=15), name
     assert results["quantized-hqq-int8"]["metrics"]["kv_cache_bytes"] < 0.5 * d
 
 
@@ -145,7 +145,7 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     import torch
 
     from kvsweep.grid import Cell
-    from kvsweep.runner import GenerateSession
+    from kvsweep.generate_session import GenerateSession
 
     session = GenerateSession(
         None, torch.zeros(1, 4, dtype=torch.long), Cell(**cell(cache, compile=compiled)), "cuda", fault=None
@@ -155,7 +155,7 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     assert (config.compile_config is not None) is compiled
     assert config.cache_implementation == get_strategy(cache).implementation
     assert config.max_new_tokens == 16 and config.eos_token_id is None and config.do_sample is False
-    assert session.clock.cuda  # timestamps synchronize the device
+    assert session.clock.sync == session.device_memory.synchronize  # timestamps synchronize the device
 
 
 def test_quality_is_measured_against_the_dynamic_baseline(results):
@@ -191,3 +191,19 @@ def test_a_quality_check_that_runs_out_of_memory_keeps_the_measurement():
     assert result["tags"]["kvsweep.quality"].startswith("not measured: the quality check ran out of memory")
     broken = [{"match": {"cache": "static"}, "fault": "error", "during": "quality"}]
     assert run_cell(cell("static", context=64, batch=1, new=4), PROTO, broken)["status"] == "error"  # bugs still show
+
+
+def test_every_cell_names_the_cache_generate_really_used(results):
+    """What transformers builds for each strategy, written out by hand (context 512 + 16 new - 1 cached)."""
+    expected = {
+        "dynamic": "DynamicCache/DynamicLayer",
+        "static": "StaticCache/StaticLayer max_cache_len=527",
+        "static@2048": "StaticCache/StaticLayer max_cache_len=2048",
+        "quantized-quanto-int2": "QuantizedCache/QuantoQuantizedLayer nbits=2",
+        "quantized-quanto-int4": "QuantizedCache/QuantoQuantizedLayer nbits=4",
+        "quantized-hqq-int2": "QuantizedCache/HQQQuantizedLayer nbits=2",
+        "quantized-hqq-int4": "QuantizedCache/HQQQuantizedLayer nbits=4",
+        "quantized-hqq-int8": "QuantizedCache/HQQQuantizedLayer nbits=8",
+        "no_cache": "none",
+    }
+    assert {name: r["tags"]["kvsweep.cache_class"] for name, r in results.items()} == expected

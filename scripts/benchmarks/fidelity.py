@@ -97,7 +97,7 @@ def kvsweep_block(cache: str, proto: dict[str, Any]) -> dict:
 
 def hook_cost(model: Any, inputs: torch.Tensor, cuda: bool, pairs: int) -> tuple[float, float, float]:
     """Whole generate calls without any processor vs with kvsweep's TokenClock, alternating order."""
-    clock = TokenClock(cuda=cuda)
+    clock = TokenClock(sync=torch.cuda.synchronize if cuda else None)
     kwargs = generate_kwargs("dynamic")
     mask = torch.ones_like(inputs)
 

@@ -20,6 +20,11 @@ class CacheStrategy:
     nbits: int | None = None
     preallocates: bool = False  # static layout: the cache is allocated at its full length up front
     reserve_tokens: int | None = None  # static@N: tokens reserved whatever the request needs
+    # What `generate` must hand back for this strategy (checked on every ok cell: a silent fallback
+    # in transformers must never be logged under this strategy's name). None: no cache object at all.
+    cache_class: str | None = None
+    layer_class: str | None = None
+    offloading: bool = False
 
     @property
     def compilable(self) -> bool:
@@ -41,18 +46,42 @@ class CacheStrategy:
         return kwargs
 
 
+def _quantized(backend: str, package: str, layer_class: str, nbits: int) -> CacheStrategy:
+    return CacheStrategy(
+        f"quantized-{backend}-int{nbits}",
+        "quantized",
+        needs_package=package,
+        backend=backend,
+        nbits=nbits,
+        cache_class="QuantizedCache",
+        layer_class=layer_class,
+    )
+
+
 _BASE: dict[str, CacheStrategy] = {
     s.name: s
     for s in [
-        CacheStrategy("dynamic", "dynamic"),
-        CacheStrategy("static", "static", preallocates=True),
-        CacheStrategy("offloaded", "offloaded", needs_cuda=True),
-        CacheStrategy("offloaded_static", "offloaded_static", needs_cuda=True, preallocates=True),
-        CacheStrategy("quantized-quanto-int2", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=2),
-        CacheStrategy("quantized-quanto-int4", "quantized", needs_package="optimum.quanto", backend="quanto", nbits=4),
-        CacheStrategy("quantized-hqq-int2", "quantized", needs_package="hqq", backend="hqq", nbits=2),
-        CacheStrategy("quantized-hqq-int4", "quantized", needs_package="hqq", backend="hqq", nbits=4),
-        CacheStrategy("quantized-hqq-int8", "quantized", needs_package="hqq", backend="hqq", nbits=8),
+        CacheStrategy("dynamic", "dynamic", cache_class="DynamicCache", layer_class="DynamicLayer"),
+        CacheStrategy("static", "static", preallocates=True, cache_class="StaticCache", layer_class="StaticLayer"),
+        CacheStrategy(
+            "offloaded",
+            "offloaded",
+            needs_cuda=True,
+            cache_class="DynamicCache",
+            layer_class="DynamicLayer",
+            offloading=True,
+        ),
+        CacheStrategy(
+            "offloaded_static",
+            "offloaded_static",
+            needs_cuda=True,
+            preallocates=True,
+            cache_class="StaticCache",
+            layer_class="StaticLayer",
+            offloading=True,
+        ),
+        *(_quantized("quanto", "optimum.quanto", "QuantoQuantizedLayer", nbits) for nbits in (2, 4)),
+        *(_quantized("hqq", "hqq", "HQQQuantizedLayer", nbits) for nbits in (2, 4, 8)),
         CacheStrategy("no_cache", None),
     ]
 }

@@ -1,10 +1,12 @@
-"""Memory arithmetic from model shapes: dense KV bytes (the contract's formula) and estimates.
+"""KV cache bytes from model shapes: the one formula the planner, the runner's checks and the report use.
 
-The dense formula is the yardstick every measured `kv_cache_bytes` is compared with.
+The dense formula is the yardstick every measured `kv_cache_bytes` is compared with; `stored_kv_bytes`
+is what a strategy really holds, exactly (tests compare it with measured caches byte for byte).
 """
 
-from kvsweep.caches import QUANTIZED_GROUP_SIZE, QUANTIZED_RESIDUAL_TOKENS, CacheStrategy
+from kvsweep.caches import QUANTIZED_GROUP_SIZE, QUANTIZED_RESIDUAL_TOKENS, CacheStrategy, get_strategy
 from kvsweep.dtypes import DTYPE_BYTES
+from kvsweep.grid import Cell
 from kvsweep.models.resolve import KvShape
 
 
@@ -13,21 +15,49 @@ def dense_kv_bytes(shape: KvShape, tokens: int, batch: int, dtype: str) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * batch * DTYPE_BYTES[dtype]
 
 
-def stored_kv_bytes(strategy: CacheStrategy, shape: KvShape, tokens: int, batch: int, dtype: str) -> int:
-    """Bytes the strategy holds for `tokens` cached tokens (offloaded: summed over host and device).
+def stored_kv_bytes(strategy: CacheStrategy, shape: KvShape, batch: int, dtype: str, prompt: int, decoded: int) -> int:
+    """Bytes the strategy holds after the prompt and `decoded` decode steps (offloaded: host plus device).
 
-    Static layouts hold their reserved length; quantized ones hold packed codes plus a scale and a
-    zero point per group, and keep up to the residual window unquantized.
+    Static layouts hold their reserved length. Quantized layers quantize the whole prompt at the first
+    update; each decode step appends one token to an unquantized residual, and when the residual would
+    reach `QUANTIZED_RESIDUAL_TOKENS` everything is re-quantized and the residual emptied. So the
+    residual is `decoded % QUANTIZED_RESIDUAL_TOKENS` tokens, and the rest is packed codes plus a scale
+    and a zero point per group of `QUANTIZED_GROUP_SIZE` elements (stored in the model's dtype).
     """
+    tokens = prompt + decoded
     if strategy.implementation is None:
         return 0
     if strategy.preallocates:
         return dense_kv_bytes(shape, max(tokens, strategy.reserve_tokens or 0), batch, dtype)
     if strategy.nbits is None:
         return dense_kv_bytes(shape, tokens, batch, dtype)
-    residual = tokens % QUANTIZED_RESIDUAL_TOKENS if tokens > QUANTIZED_RESIDUAL_TOKENS else tokens
-    quantized = tokens - residual
-    elements = 2 * shape.layers * shape.kv_heads * shape.head_dim * quantized * batch
+    residual = decoded % QUANTIZED_RESIDUAL_TOKENS
+    elements = 2 * shape.layers * shape.kv_heads * shape.head_dim * (tokens - residual) * batch
     codes = elements * strategy.nbits // 8
-    scales = (elements // QUANTIZED_GROUP_SIZE) * 2 * DTYPE_BYTES[dtype]
-    return codes + scales + dense_kv_bytes(shape, residual, batch, dtype)
+    scales_and_zeros = (elements // QUANTIZED_GROUP_SIZE) * 2 * DTYPE_BYTES[dtype]
+    return codes + scales_and_zeros + dense_kv_bytes(shape, residual, batch, dtype)
+
+
+def mean_decode_kv_bytes(
+    strategy: CacheStrategy, shape: KvShape, batch: int, dtype: str, prompt: int, new: int
+) -> float:
+    """Cache bytes a decode step reads, averaged over the call's decode steps.
+
+    Step j (1 .. new-1) attends over the prompt and j decoded tokens, reading the cache as it is after
+    that step's update (a static cache is read at its full reserved length).
+    """
+    steps = range(1, new)
+    if not steps:
+        return 0.0
+    return sum(stored_kv_bytes(strategy, shape, batch, dtype, prompt, j) for j in steps) / len(steps)
+
+
+def cell_dense_kv_bytes(cell: Cell, shape: KvShape) -> int:
+    """The contract's `kv_cache_bytes_dense` for a cell: every cached token in the model's dtype."""
+    return dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+
+
+def cell_stored_kv_bytes(cell: Cell, shape: KvShape) -> int:
+    """What the cell's cache holds when `generate` returns (its measured `kv_cache_bytes`)."""
+    strategy = get_strategy(cell.cache)
+    return stored_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens - 1)

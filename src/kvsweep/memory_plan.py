@@ -9,7 +9,8 @@ token's logits, and the per-layer K/V copies that concatenation and dequantizati
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.estimate import DTYPE_BYTES, dense_kv_bytes, stored_kv_bytes
+from kvsweep.dtypes import DTYPE_BYTES
+from kvsweep.estimate import cell_stored_kv_bytes, dense_kv_bytes
 from kvsweep.grid import Cell
 from kvsweep.models.resolve import KvShape
 
@@ -33,8 +34,8 @@ class MemoryEstimate:
 def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameters: int) -> MemoryEstimate:
     bytes_per = DTYPE_BYTES[cell.dtype]
     tokens = cell.cached_tokens
-    stored = stored_kv_bytes(strategy, shape, tokens, cell.batch_size, cell.dtype)
-    if strategy.needs_cuda:  # offloaded: only a couple of layers live on the device at a time
+    stored = cell_stored_kv_bytes(cell, shape)
+    if strategy.offloading:  # only a couple of layers live on the device at a time
         stored = stored * OFFLOADED_DEVICE_LAYERS // max(shape.layers, 1)
     one_layer_kv = dense_kv_bytes(shape, tokens, cell.batch_size, cell.dtype) // max(shape.layers, 1)
     rows = cell.batch_size * cell.context_length  # prefill processes every prompt token at once

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsweep.caches import get_strategy
-from kvsweep.estimate import dense_kv_bytes, stored_kv_bytes
+from kvsweep.estimate import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.grid import Cell
 from kvsweep.memory_plan import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
 from kvsweep.models.resolve import KvShape
@@ -48,8 +48,8 @@ def plan_cell(
     strategy = get_strategy(cell.cache)
     dense = stored = memory = None
     if shape is not None:
-        dense = dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
-        stored = stored_kv_bytes(strategy, shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+        dense = cell_dense_kv_bytes(cell, shape)
+        stored = cell_stored_kv_bytes(cell, shape)
         if parameters is not None:
             memory = estimate_peak(cell, strategy, shape, parameters)
     reason = skip_reason(cell, device, shape, is_installed)

@@ -1,6 +1,7 @@
-"""Measure one cell inside its actor: load, cold call, warmups, measured repeats, baseline.
+"""Measure one cell inside its actor: load, cold call, warmups, measured repeats, checks, baseline.
 
-Returns a plain `CellResult`; never touches MLflow. Statistics come from `summarize.py`.
+Returns a plain `CellResult`; never touches MLflow. Statistics come from `summarize.py`, the calls
+from `generate_session.py`, the checks of what ran from `cell_checks.py`.
 """
 
 import os
@@ -8,22 +9,21 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from kvsweep.caches import CacheStrategy, get_strategy
+from kvsweep.cell_checks import cell_tags, check_cache, check_compiled
 from kvsweep.environment import describe_environment
-from kvsweep.estimate import dense_kv_bytes
-from kvsweep.faults import InjectFault, fault_for
+from kvsweep.estimate import cell_dense_kv_bytes, mean_decode_kv_bytes
+from kvsweep.faults import fault_for
+from kvsweep.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.measure.bandwidth import device_bandwidth
+from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
-from kvsweep.measure.kv_bytes import cache_bytes
-from kvsweep.measure.memory import PeakMemory, track_peak_memory
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
-from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify, kv_shape
 from kvsweep.plan import package_installed, skip_reason
@@ -31,94 +31,6 @@ from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.summarize import summarize_runs, token_agreement
 
 MAX_ERROR_CHARS = 500
-
-
-@dataclass
-class MeasuredCall:
-    times: TokenTimes
-    peak: PeakMemory
-    new_tokens: torch.Tensor
-    cache: Any
-
-
-class GenerateSession:
-    """Runs `generate` for one cell the same way every time, with the token clock attached."""
-
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        inputs: torch.Tensor,
-        cell: Cell,
-        device: str,
-        fault: str | None,
-        quality_fault: str | None = None,
-    ) -> None:
-        self.model = model
-        self.inputs = inputs
-        self.mask = torch.ones_like(inputs)
-        self.cell = cell
-        self.cuda = device == "cuda"
-        self.clock = TokenClock(cuda=self.cuda)
-        processors: list[Any] = [self.clock]
-        if fault is not None:
-            processors.append(InjectFault(fault))
-        self.processors = LogitsProcessorList(processors)
-        self.quality_fault = quality_fault
-
-    def generation_config(self, strategy: CacheStrategy) -> GenerationConfig:
-        compile_config = None
-        if self.cell.compile and self.cuda:
-            from transformers import CompileConfig
-
-            compile_config = CompileConfig(fullgraph=True)
-        return GenerationConfig(
-            max_new_tokens=self.cell.max_new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-            return_dict_in_generate=True,
-            # Generation compiles static caches by itself on CUDA; only do it when the cell asks.
-            disable_compile=compile_config is None,
-            compile_config=compile_config,
-            **strategy.generation_options(),
-        )
-
-    @torch.inference_mode()
-    def call(self, strategy: CacheStrategy) -> MeasuredCall:
-        config = self.generation_config(strategy)
-        with track_peak_memory(self.cuda) as peak:
-            self.clock.start()
-            out = self.model.generate(
-                self.inputs,
-                attention_mask=self.mask,
-                generation_config=config,
-                logits_processor=self.processors,
-            )
-            end_ns = self.clock.stop()
-        times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
-        new_tokens = out.sequences[:, self.inputs.shape[1] :]
-        if new_tokens.shape[1] != self.cell.max_new_tokens:
-            raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
-        return MeasuredCall(times, peak, new_tokens.cpu(), out.cache)
-
-    @torch.inference_mode()
-    def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:
-        """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
-        if self.quality_fault is not None:
-            processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
-        out = self.model.generate(
-            self.inputs,
-            attention_mask=self.mask,
-            generation_config=self.generation_config(strategy),
-            logits_processor=processors,
-        )
-        return out.sequences[:, self.inputs.shape[1] :].cpu()
-
-
-def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:
-    """Seeded random token ids, the same for every strategy of a (batch, context) pair."""
-    generator = torch.Generator().manual_seed(seed + 7919 * context + batch)
-    return torch.randint(0, vocab_size, (batch, context), generator=generator).to(device)
 
 
 def resolve_threads(requested: int) -> int:
@@ -207,14 +119,17 @@ def _measure(
     if reason is not None:
         result.status, result.error = SKIPPED, reason
         return
-    eager_forward = model.forward
-    if cell.compile and not session_on_cuda(device):
-        model.forward = torch.compile(eager_forward, dynamic=False)  # generation skips compile on CPU
+    bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
-    faulty = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
-    session = GenerateSession(model, inputs, cell, device, *faulty)
+    injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
+    session = GenerateSession(model, inputs, cell, device, *injected)
+    if cell.compile and not session_on_cuda(device):
+        session.compile_forward()
 
     first = session.call(strategy)
+    check_cache(strategy, first, cell)  # fail fast, before any measuring time is spent
+    if cell.compile:
+        result.environment["compiled_graphs"] = check_compiled(strategy, session)
     for _ in range(protocol.warmup):
         session.call(strategy)
     on_phase("measuring")
@@ -224,24 +139,26 @@ def _measure(
     runs = measured_runs(lambda: session.call(strategy), protocol)
     sharing.check()
     on_phase("measured")
+    for run in runs:
+        check_cache(strategy, run, cell)
     result.tags["kvsweep.contended"] = sharing.verdict
     if sharing.seen:
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
-    last = runs[-1]
-    stored = cache_bytes(last.cache)
-    for run in runs:
-        run.cache = None  # free the caches before the baseline allocates its own
-    model.forward = eager_forward  # the baseline's growing dynamic cache would only trigger recompiles
-    quality = _quality_or_nothing(session, strategy, last.new_tokens, model.config.vocab_size, result)
+    quality = _quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
 
     result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
     result.metrics.update(
         first_call_ms=first.times.e2e_ms,
-        kv_cache_bytes=float(stored),
-        kv_cache_bytes_dense=float(dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)),
+        kv_cache_bytes=float(runs[-1].kv_bytes),
+        kv_cache_bytes_dense=float(cell_dense_kv_bytes(cell, shape)),
         model_load_s=load_s,
         **quality,
     )
+    read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
+        strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
+    )
+    result.metrics.update(bandwidth_metrics(read_per_token, result.metrics["tpot_ms"], bandwidth))
+    result.tags.update(cell_tags(runs, result.metrics, bandwidth))
     result.samples = {
         "first_call": _call_samples(first),
         "repeats": [_call_samples(r) for r in runs],
@@ -254,7 +171,7 @@ def _quality_or_nothing(
     """The quality check runs after the measurement: if its extra calls do not fit (a dynamic baseline
     where only a lean cache fits is the very case), the cell keeps its numbers and says why."""
     try:
-        return _quality(session, strategy, tokens, vocab)
+        return _quality(session, strategy, tokens, vocab, result.environment)
     except (torch.OutOfMemoryError, RuntimeError) as exc:
         if not isinstance(exc, torch.OutOfMemoryError) and "out of memory" not in str(exc).lower():
             raise
@@ -264,15 +181,25 @@ def _quality_or_nothing(
         return {}
 
 
-def _quality(session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int) -> dict[str, float]:
-    """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL."""
+def _quality(
+    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, environment: dict[str, Any]
+) -> dict[str, float]:
+    """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL.
+
+    Both compare the strategy as configured (a compiled cell's compiled forward): the question is what
+    serving with this cache would produce. The dynamic baseline always runs eager.
+    """
     if strategy.name == "dynamic":
         return token_agreement(tokens, tokens)
     dynamic = get_strategy("dynamic")
     rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
-    baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)
+    with session.eager():
+        baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)
     prompt_length = session.inputs.shape[1]
+    compiled_before = session.compiled_calls
     kl = teacher_forced_kl(lambda p: session.generate_with(strategy, p), baseline, reference, prompt_length)
+    compiled = session.compiled_calls > compiled_before or (session.cell.compile and session.cuda)
+    environment["quality_forward"] = "compiled" if compiled else "eager"
     return {**token_agreement(tokens, baseline), **kl}
 
 

@@ -1,63 +1,143 @@
-"""Peak memory of one measured call: device (CUDA allocator) and host (resident set).
+"""Peak memory of one measured call: device (the accelerator's allocator) and host (resident set).
 
-Host peak uses the kernel's own high-water mark (VmHWM), reset through /proc/self/clear_refs, so it
-catches spikes a sampling thread would miss and costs nothing during the call. Where the kernel
-does not allow the reset, a sampling thread stands in.
+Both peaks are the peak of *this* call: the tracker resets each high-water mark right before the
+call, and the caller makes sure nothing of an earlier call (cache, outputs, logits) is still alive
+then — otherwise the reset starts from what earlier calls left and every repeat reports more.
+
+Host peak uses the kernel's own high-water mark (VmHWM), reset through /proc/self/clear_refs and
+read back to prove the reset took effect; it catches spikes a sampling thread would miss and costs
+nothing during the call. Where the kernel refuses the reset, a sampling thread stands in and the
+result says so (`host_method`), never silently.
 """
 
+import ctypes
+import ctypes.util
+import functools
 import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import psutil
-import torch
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 SAMPLE_INTERVAL_S = 0.002
+# After a reset VmHWM equals VmRSS; allow the few pages the read itself may touch.
+RESET_SLACK_BYTES = 1 << 20
+HWM = "vmhwm"
+SAMPLED = "sampled"
+
+
+class DeviceMemory(Protocol):
+    """The accelerator's allocator, as the tracker needs it (CUDA in production, a fake in tests)."""
+
+    def synchronize(self) -> None: ...
+
+    def reset_peak(self) -> None: ...
+
+    def peak_bytes(self) -> int: ...
+
+
+class CudaMemory:
+    """`torch.cuda.max_memory_allocated` semantics: the peak since the last reset, in bytes."""
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def reset_peak(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
 
 
 @dataclass
 class PeakMemory:
     host_rss_bytes: int = 0
-    device_bytes: int | None = None  # None off CUDA
+    device_bytes: int | None = None  # None without an accelerator
+    host_method: str = HWM  # HWM, or SAMPLED with the reason the kernel's mark could not be reset
 
 
-def _read_hwm() -> int | None:
+def _read_status() -> tuple[int, int] | None:
+    """(VmHWM, VmRSS) in bytes, read in one go so they describe the same instant."""
     try:
-        match = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
+        text = _STATUS.read_text()
     except OSError:
         return None
-    return int(match.group(1)) * 1024 if match else None
+    hwm, rss = re.search(r"VmHWM:\s+(\d+)\s+kB", text), re.search(r"VmRSS:\s+(\d+)\s+kB", text)
+    if hwm is None or rss is None:
+        return None
+    return int(hwm.group(1)) * 1024, int(rss.group(1)) * 1024
 
 
-def _reset_hwm() -> bool:
+@functools.cache
+def _libc_trim() -> "ctypes._NamedFuncPointer | None":
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim with
+        return None
+
+
+def release_freed_host_memory() -> bool:
+    """Hands memory the C allocator kept from earlier calls back to the OS (glibc's malloc_trim).
+
+    Without it the resident set before a call depends on how fragmented earlier calls left the heap,
+    and a per-call peak drifts by more than a whole cache from one repeat to the next.
+    """
+    trim = _libc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def reset_host_peak() -> str | None:
+    """Resets VmHWM to the current RSS; returns None when the read-back proves it, else why not."""
     try:
         _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return _read_hwm() is not None
+    except OSError as exc:
+        return f"clear_refs refused ({type(exc).__name__})"
+    status = _read_status()
+    if status is None:
+        return "VmHWM unreadable"
+    hwm, rss = status
+    if hwm > rss + RESET_SLACK_BYTES:
+        return f"VmHWM stayed {(hwm - rss) >> 20} MiB above RSS after the reset"
+    return None
 
 
 @contextmanager
-def track_peak_memory(cuda: bool) -> Iterator[PeakMemory]:
+def track_peak_memory(device: DeviceMemory | None) -> Iterator[PeakMemory]:
     peak = PeakMemory()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    if _reset_hwm():
+    if device is not None:
+        device.synchronize()
+        device.reset_peak()
+    trimmed = release_freed_host_memory()
+    problem = reset_host_peak()
+    if problem is None:
         yield peak
-        peak.host_rss_bytes = _read_hwm() or 0
+        status = _read_status()
+        peak.host_rss_bytes = status[0] if status else 0
+        if not trimmed:
+            peak.host_method = f"{HWM} (heap not trimmed: no malloc_trim)"
     else:
+        peak.host_method = f"{SAMPLED} every {SAMPLE_INTERVAL_S * 1e3:g} ms ({problem})"
         with _sample_rss() as sampled:
             yield peak
         peak.host_rss_bytes = sampled[0]
-    if cuda:
-        torch.cuda.synchronize()
-        peak.device_bytes = torch.cuda.max_memory_allocated()
+    if device is not None:
+        device.synchronize()
+        peak.device_bytes = device.peak_bytes()
 
 
 @contextmanager

@@ -8,29 +8,33 @@ gaps between tokens (decode) from one call, never by subtracting a separate pref
 import inspect
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessor
 
 
-class TokenClock(LogitsProcessor):
-    """Records a timestamp (ns) per generated token; synchronizes CUDA first so GPU work is counted."""
+def _no_sync() -> None:
+    pass
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
+
+class TokenClock(LogitsProcessor):
+    """Records a timestamp (ns) per generated token; `sync` (the device's synchronize) runs first so
+    queued accelerator work is counted in the token it belongs to."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.sync = sync or _no_sync
         self.start_ns = 0
         self.stamps_ns: list[int] = []
 
     def start(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.sync()
         self.stamps_ns = []
         self.start_ns = time.perf_counter_ns()
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.sync()
         self.stamps_ns.append(time.perf_counter_ns())
         return scores
 
@@ -39,8 +43,7 @@ class TokenClock(LogitsProcessor):
 
     def stop(self) -> int:
         """Ends the call; returns its end time (ns)."""
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.sync()
         return time.perf_counter_ns()
 
 

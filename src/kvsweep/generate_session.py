@@ -1,0 +1,142 @@
+"""One cell's `generate` calls, made the same way every time, each the size of one request.
+
+A call keeps only what the summary needs (timestamps, peaks, token ids, the cache's byte count and
+identity) and lets the rest — cache, outputs, logits — go before it returns, so the next call's peak
+memory starts from the model alone, not from every earlier call's cache.
+"""
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from kvsweep.caches import CacheStrategy
+from kvsweep.faults import InjectFault
+from kvsweep.grid import Cell
+from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
+from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.measure.memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
+from kvsweep.measure.timing import TokenClock, TokenTimes
+
+
+@dataclass
+class MeasuredCall:
+    times: TokenTimes
+    peak: PeakMemory
+    new_tokens: torch.Tensor  # on the host
+    kv_bytes: int  # what the returned cache held (the cache itself is gone)
+    identity: CacheIdentity
+
+
+class GenerateSession:
+    """Runs `generate` for one cell with the token clock attached.
+
+    `device_memory` is the accelerator's allocator (CUDA's by default on a CUDA cell); tests pass a
+    stand-in to check the order of resets and frees without a GPU.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        inputs: torch.Tensor,
+        cell: Cell,
+        device: str,
+        fault: str | None,
+        quality_fault: str | None = None,
+        device_memory: DeviceMemory | None = None,
+    ) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.mask = torch.ones_like(inputs)
+        self.cell = cell
+        self.cuda = device == "cuda"
+        self.device_memory = device_memory or (CudaMemory() if self.cuda else None)
+        self.clock = TokenClock(sync=self.device_memory.synchronize if self.device_memory else None)
+        processors: list[Any] = [self.clock]
+        if fault is not None:
+            processors.append(InjectFault(fault))
+        self.processors = LogitsProcessorList(processors)
+        self.quality_fault = quality_fault
+        self.eager_forward = getattr(model, "forward", None)
+        self.compiled_calls = 0  # forward passes through the explicitly compiled forward (CPU)
+
+    def compile_forward(self) -> None:
+        """CPU: compile the forward explicitly (generation's own compile only runs on CUDA)."""
+        compiled = torch.compile(self.eager_forward, dynamic=False)
+
+        @functools.wraps(self.eager_forward)  # generate inspects the forward's signature
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self.compiled_calls += 1
+            return compiled(*args, **kwargs)
+
+        self.model.forward = forward
+
+    @contextmanager
+    def eager(self) -> Iterator[None]:
+        """The plain forward for a while (the dynamic baseline would only trigger recompiles)."""
+        configured = self.model.forward
+        self.model.forward = self.eager_forward
+        try:
+            yield
+        finally:
+            self.model.forward = configured
+
+    def generation_config(self, strategy: CacheStrategy) -> GenerationConfig:
+        compile_config = None
+        if self.cell.compile and self.cuda:
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig(fullgraph=True)
+        return GenerationConfig(
+            max_new_tokens=self.cell.max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            # Generation compiles static caches by itself on CUDA; only do it when the cell asks.
+            disable_compile=compile_config is None,
+            compile_config=compile_config,
+            **strategy.generation_options(),
+        )
+
+    @torch.inference_mode()
+    def call(self, strategy: CacheStrategy) -> MeasuredCall:
+        config = self.generation_config(strategy)
+        with track_peak_memory(self.device_memory) as peak:
+            self.clock.start()
+            out = self.model.generate(
+                self.inputs,
+                attention_mask=self.mask,
+                generation_config=config,
+                logits_processor=self.processors,
+            )
+            end_ns = self.clock.stop()
+        times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
+        new_tokens = out.sequences[:, self.inputs.shape[1] :]
+        if new_tokens.shape[1] != self.cell.max_new_tokens:
+            raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
+        cache = getattr(out, "cache", None)
+        return MeasuredCall(times, peak, new_tokens.cpu(), cache_bytes(cache), describe_cache(cache))
+
+    @torch.inference_mode()
+    def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:
+        """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
+        if self.quality_fault is not None:
+            processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
+        out = self.model.generate(
+            self.inputs,
+            attention_mask=self.mask,
+            generation_config=self.generation_config(strategy),
+            logits_processor=processors,
+        )
+        return out.sequences[:, self.inputs.shape[1] :].cpu()
+
+
+def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:
+    """Seeded random token ids, the same for every strategy of a (batch, context) pair."""
+    generator = torch.Generator().manual_seed(seed + 7919 * context + batch)
+    return torch.randint(0, vocab_size, (batch, context), generator=generator).to(device)

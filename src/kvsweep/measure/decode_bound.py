@@ -1,0 +1,37 @@
+"""Each decode timing against the physical limit: bytes a step must read over the device's bandwidth."""
+
+from typing import Any
+
+from kvsweep.measure.bandwidth import Bandwidth
+
+# A utilization above this is impossible for bytes that must come from memory (5% for timer and
+# benchmark noise), as long as they are far larger than the last-level cache that could hold them.
+MAX_UTILIZATION = 1.05
+FROM_MEMORY_FACTOR = 4
+
+
+def decode_weight_bytes(model: Any) -> int:
+    """Parameter bytes a decode step reads: every matrix once, but only a few rows of an untied
+    input embedding (a lookup, not a read of the whole table)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights count once
+    embedding = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight.data_ptr() == embedding.data_ptr()
+    return total if tied else total - embedding.numel() * embedding.element_size()
+
+
+def bandwidth_metrics(bytes_per_token: float, tpot_ms: float, bandwidth: Bandwidth) -> dict[str, float]:
+    """`decode_bytes_per_token`, `mem_bandwidth_gbps` and `decode_bandwidth_utilization`."""
+    metrics = {"decode_bytes_per_token": float(bytes_per_token), "mem_bandwidth_gbps": bandwidth.gbps}
+    if tpot_ms > 0 and bandwidth.gbps > 0:
+        metrics["decode_bandwidth_utilization"] = bytes_per_token / (tpot_ms / 1e3) / (bandwidth.gbps * 1e9)
+    return metrics
+
+
+def implausible(metrics: dict[str, float], bandwidth: Bandwidth) -> bool:
+    """True when decode moved more bytes per second than the device can, for bytes no cache could hold."""
+    utilization = metrics.get("decode_bandwidth_utilization")
+    llc = bandwidth.last_level_cache_bytes
+    if utilization is None or llc is None:
+        return False
+    return utilization > MAX_UTILIZATION and metrics["decode_bytes_per_token"] > FROM_MEMORY_FACTOR * llc
