@@ -27,6 +27,7 @@ class SweepHeader:
     device: str
     config_yaml: str
     params: dict[str, Any] = field(default_factory=dict)
+    model_names: dict[str, str] = field(default_factory=dict)  # display names of the grid's models (run names)
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _redacted(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, dict):
-        return {k: _redacted(v) for k, v in value.items()}
+        return {_redacted(k): _redacted(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_redacted(v) for v in value]
     return value

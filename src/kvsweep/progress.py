@@ -1,43 +1,68 @@
-"""A progress line per event: cells done/running/left by status, elapsed time, ETA."""
+"""Sweep progress: cells done/running/left by status, elapsed time, ETA, and which cells are running.
+
+On a terminal a live display redraws in place (`progress_live.py`, rich): a bar, the counts, and each
+running cell with how long it has run; only failures add a line above it. In a log or CI (no TTY)
+every finished cell is one appended line, as `tail -f` and grep expect. Driver only: nothing here
+runs in a cell's actor.
+"""
 
 import sys
 import time
 from collections import Counter
-from typing import TextIO
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
-from kvsweep.results import STATUSES, CellResult
+from kvsweep.model_names import short_name
+from kvsweep.results import OK, SKIPPED, STATUSES, CellResult
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def cell_label(cell: dict[str, Any], model_name: str = "") -> str:
+    compiled = "+compile" if cell["compile"] else ""
+    model = model_name or short_name(str(cell["model"]))
+    return f"{cell['cache']}{compiled} ctx={cell['context_length']} bs={cell['batch_size']} {cell['dtype']} {model}"
+
+
 class SweepProgress:
-    def __init__(self, total: int, to_run: int, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        to_run: int,
+        stream: TextIO | None = None,
+        model_names: dict[str, str] | None = None,
+        live: bool | None = None,
+    ) -> None:
         self.total = total
         self.to_run = to_run
         self.stream = stream or sys.stdout
+        self.model_names = model_names or {}
+        self.live = _is_terminal(self.stream) if live is None else live
         self.started_at = time.monotonic()
         self.counts: Counter[str] = Counter()
-        self.running = 0
+        self.running: dict[str, tuple[str, float]] = {}  # cell id -> (label, started at)
         self.measured = 0  # cells that ran (not planned skips), for the ETA
+        self._print = self._print_line  # the live display swaps in its own while it is shown
 
-    def started(self) -> None:
-        self.running += 1
+    def label(self, cell: dict[str, Any]) -> str:
+        return cell_label(cell, self.model_names.get(str(cell["model"]), ""))
+
+    def started(self, cell_id: str, cell: dict[str, Any]) -> None:
+        self.running[cell_id] = (self.label(cell), time.monotonic())
 
     def finished(self, result: CellResult, ran: bool = True) -> None:
         self.counts[result.status] += 1
         if ran:
-            self.running = max(0, self.running - 1)
+            self.running.pop(result.cell_id, None)
             self.measured += 1
+        if self.live and result.status in (OK, SKIPPED):
+            return  # on a terminal the display shows it; only failures earn a line
         detail = f"tpot {result.metrics['tpot_ms']:.2f} ms" if "tpot_ms" in result.metrics else result.error
-        cell = result.cell
-        label = (
-            f"{cell['cache']}{'+compile' if cell['compile'] else ''} ctx={cell['context_length']} "
-            f"bs={cell['batch_size']} {cell['dtype']} {cell['model']}"
-        )
-        print(f"{self.line()} | {result.status}: {label} {detail[:120]}", file=self.stream, flush=True)
+        self._print(f"{self.line()} | {result.status}: {self.label(result.cell)} {detail[:120]}")
 
     def resumed(self, result: CellResult, counts_as_run: bool) -> None:
         """A result an earlier invocation already logged: counted, not printed, not in the ETA."""
@@ -45,17 +70,55 @@ class SweepProgress:
         if counts_as_run:
             self.to_run -= 1
 
-    def line(self) -> str:
-        done = sum(self.counts.values())
-        elapsed = time.monotonic() - self.started_at
-        left = self.total - done - self.running
-        by_status = " ".join(f"{s} {self.counts[s]}" for s in STATUSES if self.counts[s])
+    def say(self, text: str) -> None:
+        """A message for the user: above the live display while it is shown, else a plain line."""
+        self._print(text)
+
+    @contextmanager
+    def shown(self) -> Iterator[None]:
+        """The live display while cells run (a terminal only; rich is imported only then)."""
+        if not self.live:
+            yield
+            return
+        from kvsweep.progress_live import live_display
+
+        with live_display(self) as print_above:
+            self._print = print_above
+            try:
+                yield
+            finally:
+                self._print = self._print_line
+
+    def _print_line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    def eta(self) -> str:
         remaining_runs = self.to_run - self.measured
-        eta = "?" if self.measured == 0 else _clock(elapsed / self.measured * remaining_runs)
+        elapsed = time.monotonic() - self.started_at
+        return "?" if self.measured == 0 else clock(elapsed / self.measured * remaining_runs)
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started_at
+        left = self.total - self.done - len(self.running)
+        by_status = " ".join(f"{s} {self.counts[s]}" for s in STATUSES if self.counts[s])
         return (
-            f"[{done}/{self.total}] {by_status} | running {self.running} | left {left} | "
-            f"{_clock(elapsed)} elapsed | ETA {eta}"
+            f"[{self.done}/{self.total}] {by_status} | running {len(self.running)} | left {left} | "
+            f"{clock(elapsed)} elapsed | ETA {self.eta()}"
         )
 
     def counts_by_status(self) -> dict[str, int]:
         return {s: self.counts[s] for s in STATUSES}
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    """A terminal that can redraw in place (not a pipe, a file, or TERM=dumb)."""
+    import os
+
+    try:
+        return stream.isatty() and os.environ.get("TERM", "") != "dumb"
+    except (AttributeError, ValueError):
+        return False

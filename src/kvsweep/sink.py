@@ -103,7 +103,12 @@ class MlflowSink:
             return
         try:
             self.cell_runs[cell_id] = self.tracker.open_cell(
-                self.parent_run_id, cell_id, cell, self.header.device, self.header.name
+                self.parent_run_id,
+                cell_id,
+                cell,
+                self.header.device,
+                self.header.name,
+                self.header.model_names.get(cell["model"], ""),
             )
         except Exception as exc:
             self._failed(exc)

@@ -14,6 +14,7 @@ from kvsweep.delivery import REPORT_DIR, shape_only_tags
 from kvsweep.grid import cell_id
 from kvsweep.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
 from kvsweep.journal import Journal, SweepHeader
+from kvsweep.model_names import display_names
 from kvsweep.progress import SweepProgress
 from kvsweep.prune import OomPruner, size_order
 from kvsweep.redact import redact_text, redact_uri
@@ -39,8 +40,13 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
     from kvsweep.sink import MlflowSink
     from kvsweep.tracking import SweepTracker, compare_url, default_tracking_uri, runs_url
 
+    progress: SweepProgress | None = None  # once cells are planned; on a terminal messages print above it
+
     def say(text: str) -> None:
-        print(redact_text(text), file=out, flush=True)
+        if progress is None:
+            print(redact_text(text), file=out, flush=True)
+        else:
+            progress.say(redact_text(text))
 
     tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts
     config_yaml = redact_text(config_yaml)
@@ -76,6 +82,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
             device,
             config_yaml,
             params,
+            model_names=display_names(cfg["grid"]["models"]),
         )
         journal = Journal(run_dir)
         journal.write_header(header)
@@ -89,7 +96,7 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         results: list[CellResult] = []
         jobs: list[Job] = []
         to_run = sum(p.runs and p.cell.model not in problems for p in planned)
-        progress = SweepProgress(len(planned), to_run, out)
+        progress = SweepProgress(len(planned), to_run, out, header.model_names)
         pruner = OomPruner(cfg["infer_oom"])
 
         planned_by_id = {cell_id(p.cell, protocol): p for p in planned}
@@ -139,11 +146,11 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
         )
 
         def started(job: Job) -> None:
-            progress.started()
+            progress.started(job.cell_id, job.cell)
             sink.started(job.cell_id, job.cell)
 
         try:
-            with sigterm_interrupts():
+            with sigterm_interrupts(), progress.shown():
                 scheduler.run(jobs, record, started, pruner.admit)
         except KeyboardInterrupt as exc:
             with interrupts_ignored():

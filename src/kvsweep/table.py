@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from kvsweep.caches import CACHE_NAMES
 from kvsweep.grid import CELL_FIELDS
+from kvsweep.model_names import display_names
 from kvsweep.results import CellResult
 
 CSV_METRICS = (
@@ -51,7 +52,9 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def results_table(results: Iterable[CellResult]) -> str:
-    """One line per cell, sorted like the grid, numbers in the units people read."""
+    """One line per cell, sorted like the grid, numbers in the units people read (models by display name)."""
+    results = list(results)
+    names = display_names(r.cell["model"] for r in results)
     header = [
         "model",
         "dtype",
@@ -76,7 +79,7 @@ def results_table(results: Iterable[CellResult]) -> str:
         status = r.status + ("*" if r.tags.get("kvsweep.contended") == "true" else "")
         rows.append(
             [
-                r.cell["model"],
+                names[r.cell["model"]],
                 r.cell["dtype"],
                 str(r.cell["context_length"]),
                 str(r.cell["batch_size"]),
@@ -96,7 +99,7 @@ def results_table(results: Iterable[CellResult]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     notes = [
         f"  {r.status}: {r.cell['cache']} ctx={r.cell['context_length']} bs={r.cell['batch_size']} "
-        f"{r.cell['dtype']} {r.cell['model']}: {r.error}"
+        f"{r.cell['dtype']} {names[r.cell['model']]}: {r.error}"
         for r in sorted(results, key=_order)
         if r.error
     ]

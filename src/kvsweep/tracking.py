@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
 from kvsweep.mlflow_view import compare_view_query, group_keys_from_config, save_compare_view
+from kvsweep.model_names import short_name
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import CellResult
 
@@ -154,11 +155,16 @@ class SweepTracker:
         )
         return {r.data.tags.get("kvsweep.cell_id", r.info.run_id): r for r in runs}
 
-    def open_cell(self, parent_run_id: str, cell_id: str, cell: dict[str, Any], device: str, sweep: str) -> str:
-        """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight."""
+    def open_cell(
+        self, parent_run_id: str, cell_id: str, cell: dict[str, Any], device: str, sweep: str, model_name: str = ""
+    ) -> str:
+        """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight.
+
+        Its name shows the model's display name; the `model` param keeps the full reference.
+        """
         tags = {
             PARENT_ID_TAG: parent_run_id,
-            RUN_NAME_TAG: cell_run_name(cell),
+            RUN_NAME_TAG: cell_run_name(cell, model_name),
             "kvsweep.role": "cell",
             "kvsweep.sweep": sweep,
             "kvsweep.cell_id": cell_id,
@@ -202,11 +208,11 @@ def mlflow_status(status: str) -> str:
     return "FINISHED" if status in ("ok", "skipped", "oom") else "FAILED"
 
 
-def cell_run_name(cell: dict[str, Any]) -> str:
+def cell_run_name(cell: dict[str, Any], model_name: str = "") -> str:
+    """`static+compile ctx64 bs1 float32 local-llama`: the model by display name (model_names.py)."""
     compiled = "+compile" if cell.get("compile") else ""
-    return (
-        f"{cell['cache']}{compiled} ctx{cell['context_length']} bs{cell['batch_size']} {cell['dtype']} {cell['model']}"
-    )
+    model = model_name or short_name(cell["model"])
+    return f"{cell['cache']}{compiled} ctx{cell['context_length']} bs{cell['batch_size']} {cell['dtype']} {model}"
 
 
 def _now_ms() -> int:

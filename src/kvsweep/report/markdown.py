@@ -55,7 +55,8 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         ]
         fastest = _link(d.fastest, links, f" ({cost_text(d.fastest)})" if d.fastest and d.fastest.deltas else "")
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
-        rows.append([model, dtype, str(batch), str(context), str(new), fastest, leanest, "; ".join(failed + flagged)])
+        row = [d.model_name or model, dtype, str(batch), str(context), str(new), fastest, leanest]
+        rows.append([*row, "; ".join(failed + flagged)])
     return header, rows
 
 
@@ -64,6 +65,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     basis = decisions[0].memory_basis if decisions else "kv_cache_bytes"
     header = [
         "group",
+        "model reference",
         "strategy",
         "status",
         "TPOT ms",
@@ -85,6 +87,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
             rows.append(
                 [
                     d.label,
+                    d.key[0],  # the full reference (a path or Hub id), as in the cell's `model` param
                     _link(e, links),
                     e.status,
                     _num(m.get("tpot_ms")) if e.status == "ok" else "-",

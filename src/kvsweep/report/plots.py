@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 from matplotlib.transforms import blended_transform_factory
 
+from kvsweep.model_names import display_names, file_stem
 from kvsweep.report.selection import memory_basis, strategy_label
 from kvsweep.results import OK, CellResult
 
@@ -26,10 +27,10 @@ def facet_key(result: CellResult) -> FacetKey:
     return (str(c["model"]), str(c["dtype"]), int(c["batch_size"]), int(c["max_new_tokens"]))
 
 
-def facet_name(key: FacetKey) -> str:
-    model, dtype, batch, new = key
-    safe = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in model)
-    return f"{safe}_{dtype}_bs{batch}_new{new}"
+def facet_name(key: FacetKey, model_name: str) -> str:
+    """The figure's file name: the model's display name, not its path (`local-llama_float32_bs1_new16`)."""
+    _, dtype, batch, new = key
+    return f"{file_stem(model_name)}_{dtype}_bs{batch}_new{new}"
 
 
 def colours(results: list[CellResult]) -> dict[str, str]:
@@ -47,20 +48,23 @@ def draw_facets(results: list[CellResult], out_dir: Path) -> list[Path]:
         facets[facet_key(result)].append(result)
     palette = colours(results)
     basis = memory_basis(results)
+    names = display_names(key[0] for key in facets)
     paths = []
     for key in sorted(facets):
-        figure = _facet_figure(key, facets[key], palette, basis)
-        path = out_dir / f"{facet_name(key)}.png"
+        figure = _facet_figure(key, names[key[0]], facets[key], palette, basis)
+        path = out_dir / f"{facet_name(key, names[key[0]])}.png"
         figure.savefig(path, dpi=100)
         paths.append(path)
     return paths
 
 
-def _facet_figure(key: FacetKey, results: list[CellResult], palette: dict[str, str], basis: str) -> Figure:
-    model, dtype, batch, new = key
+def _facet_figure(
+    key: FacetKey, model_name: str, results: list[CellResult], palette: dict[str, str], basis: str
+) -> Figure:
+    _, dtype, batch, new = key
     figure = Figure(figsize=(16, 9), layout="constrained")
     axes = figure.subplots(2, 3)
-    figure.suptitle(f"{model}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
+    figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
     series = _series(results)
     contexts = sorted({int(r.cell["context_length"]) for r in results})
     on_gpu = basis == "peak_device_mem_bytes"

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvsweep.caches import CACHE_NAMES
+from kvsweep.model_names import display_names
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
 from kvsweep.results import OK, CellResult
 
@@ -48,17 +49,18 @@ class Entry:
 
 @dataclass
 class Decision:
-    key: GroupKey
+    key: GroupKey  # the model's full reference
     entries: list[Entry]
     memory_basis: str
     settings: Settings
     fastest: Entry | None = None
     leanest: Entry | None = None
+    model_name: str = ""  # what a person reads (model_names.py); the key keeps the full reference
 
     @property
     def label(self) -> str:
         model, dtype, batch, context, new = self.key
-        return f"{model} {dtype} bs{batch} ctx{context} new{new}"
+        return f"{self.model_name or model} {dtype} bs{batch} ctx{context} new{new}"
 
     def summary(self) -> str:
         """One line: the two picks and what they cost against dynamic."""
@@ -116,7 +118,11 @@ def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
     groups: dict[GroupKey, list[CellResult]] = defaultdict(list)
     for result in results:
         groups[group_key(result)].append(result)
-    return [_decide_group(key, groups[key], basis, settings) for key in sorted(groups)]
+    names = display_names(key[0] for key in groups)
+    decisions = [_decide_group(key, groups[key], basis, settings) for key in sorted(groups)]
+    for decision in decisions:
+        decision.model_name = names[decision.key[0]]
+    return decisions
 
 
 def _order(result: CellResult) -> tuple:
