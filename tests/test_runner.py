@@ -144,8 +144,8 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     """On CUDA generate would compile static caches by itself: compile=false must switch that off."""
     import torch
 
-    from kvsweep.grid import Cell
     from kvsweep.generate_session import GenerateSession
+    from kvsweep.grid import Cell
 
     session = GenerateSession(
         None, torch.zeros(1, 4, dtype=torch.long), Cell(**cell(cache, compile=compiled)), "cuda", fault=None

@@ -32,10 +32,21 @@ def stored_kv_bytes(strategy: CacheStrategy, shape: KvShape, batch: int, dtype: 
     if strategy.nbits is None:
         return dense_kv_bytes(shape, tokens, batch, dtype)
     residual = decoded % QUANTIZED_RESIDUAL_TOKENS
-    elements = 2 * shape.layers * shape.kv_heads * shape.head_dim * (tokens - residual) * batch
-    codes = elements * strategy.nbits // 8
-    scales_and_zeros = (elements // QUANTIZED_GROUP_SIZE) * 2 * DTYPE_BYTES[dtype]
-    return codes + scales_and_zeros + dense_kv_bytes(shape, residual, batch, dtype)
+    per_tensor = shape.kv_heads * shape.head_dim * (tokens - residual) * batch  # one layer's K (or V)
+    codes = packed_code_bytes(strategy, per_tensor)
+    scales_and_zeros = (per_tensor // QUANTIZED_GROUP_SIZE) * 2 * DTYPE_BYTES[dtype]
+    return 2 * shape.layers * (codes + scales_and_zeros) + dense_kv_bytes(shape, residual, batch, dtype)
+
+
+def packed_code_bytes(strategy: CacheStrategy, elements: int) -> int:
+    """Bytes of one tensor's packed codes. Both backends cut it into rows of one group each; quanto
+    packs `8 // nbits` rows into one byte-row and pads the last byte-row, HQQ packs within a group."""
+    assert strategy.nbits is not None
+    if strategy.backend == "quanto":
+        rows = elements // QUANTIZED_GROUP_SIZE
+        per_byte = 8 // strategy.nbits
+        return -(-rows // per_byte) * QUANTIZED_GROUP_SIZE
+    return elements * strategy.nbits // 8
 
 
 def mean_decode_kv_bytes(
@@ -49,6 +60,8 @@ def mean_decode_kv_bytes(
     steps = range(1, new)
     if not steps:
         return 0.0
+    if strategy.preallocates:  # allocated for the whole call up front, read whole at every step
+        return float(stored_kv_bytes(strategy, shape, batch, dtype, prompt, new - 1))
     return sum(stored_kv_bytes(strategy, shape, batch, dtype, prompt, j) for j in steps) / len(steps)
 
 

@@ -25,7 +25,7 @@ from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
 from kvsweep.models.build import build_model
-from kvsweep.models.resolve import classify, kv_shape
+from kvsweep.models.resolve import KvShape, classify, kv_shape
 from kvsweep.plan import package_installed, skip_reason
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.summarize import summarize_runs, token_agreement
@@ -104,21 +104,10 @@ def _measure(
 ) -> None:
     strategy = get_strategy(cell.cache)
     device = protocol.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
-    reason = skip_reason(cell, device, None, package_installed)
-    if reason is not None:
-        result.status, result.error = SKIPPED, reason
+    loaded = _load(cell, protocol, trust_remote_code, result, on_phase)
+    if loaded is None:
         return
-    loaded_at = time.perf_counter()
-    model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
-    load_s = time.perf_counter() - loaded_at
-    on_phase("built")
-    shape = kv_shape(model.config)
-    reason = skip_reason(cell, device, shape, package_installed)
-    if reason is not None:
-        result.status, result.error = SKIPPED, reason
-        return
+    model, shape = loaded
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
@@ -146,23 +135,36 @@ def _measure(
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
     quality = _quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
 
-    result.metrics = summarize_runs([(r.times, r.peak) for r in runs], cell)
-    result.metrics.update(
-        first_call_ms=first.times.e2e_ms,
-        kv_cache_bytes=float(runs[-1].kv_bytes),
-        kv_cache_bytes_dense=float(cell_dense_kv_bytes(cell, shape)),
-        model_load_s=load_s,
-        **quality,
-    )
+    result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
+    result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
+    result.metrics["kv_cache_bytes_dense"] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
     )
     result.metrics.update(bandwidth_metrics(read_per_token, result.metrics["tpot_ms"], bandwidth))
     result.tags.update(cell_tags(runs, result.metrics, bandwidth))
-    result.samples = {
-        "first_call": _call_samples(first),
-        "repeats": [_call_samples(r) for r in runs],
-    }
+    result.samples = {"first_call": _call_samples(first), "repeats": [_call_samples(r) for r in runs]}
+
+
+def _load(
+    cell: Cell, protocol: Protocol, trust_remote_code: bool, result: CellResult, on_phase: Callable[[str], None]
+) -> tuple[Any, KvShape] | None:
+    """The cell's model on its device, or None when the cell turns out to be skipped (result says why)."""
+    device = protocol.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
+    reason = skip_reason(cell, device, None, package_installed)
+    if reason is None:
+        loaded_at = time.perf_counter()
+        model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
+        result.metrics["model_load_s"] = time.perf_counter() - loaded_at
+        on_phase("built")
+        shape = kv_shape(model.config)
+        reason = skip_reason(cell, device, shape, package_installed)
+    if reason is not None:
+        result.status, result.error, result.metrics = SKIPPED, reason, {}
+        return None
+    return model, shape
 
 
 def _quality_or_nothing(

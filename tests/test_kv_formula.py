@@ -1,0 +1,67 @@
+"""The planner predicts what is measured: KV bytes from shapes equal the bytes of the real cache.
+
+Contexts that are not multiples of 128 and decodes longer than 128 tokens (a quantized flush) are
+where a residual-window guess goes wrong; every CPU strategy is run for real on each shape.
+"""
+
+import pytest
+
+from kvsweep.caches import CACHE_NAMES, get_strategy
+from kvsweep.estimate import stored_kv_bytes
+from kvsweep.grid import Cell
+from kvsweep.memory_plan import estimate_peak
+from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep.plan import plan_cell
+from kvsweep.runner import run_cell
+
+PROTO = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cpu", "threads": 1}
+SHAPE = kv_shape(load_config(classify("tiny-llama")))
+CPU_CACHES = [n for n in CACHE_NAMES if not n.startswith("offloaded")] + ["static@300"]
+# (context, new tokens, batch, dtype)
+SHAPES = [(100, 32, 1, "bfloat16"), (64, 32, 2, "bfloat16"), (130, 140, 1, "float32")]
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[tuple, dict]:
+    out = {}
+    for context, new, batch, dtype in SHAPES:
+        for cache in CPU_CACHES:
+            cell = Cell("tiny-llama", dtype, context, batch, new, cache, False)
+            out[(cell, cache)] = run_cell(cell.to_dict(), PROTO)
+    return out
+
+
+def test_planner_kv_bytes_equal_the_measured_cache_for_every_strategy_and_shape(measured):
+    wrong = {}
+    for (cell, cache), result in measured.items():
+        assert result["status"] == "ok", (cell, result["error"])
+        got = result["metrics"]["kv_cache_bytes"]
+        planned = plan_cell(cell, "cpu", SHAPE)
+        device = estimate_peak(cell, get_strategy(cache), SHAPE, parameters=0).kv_device_bytes
+        if not got == planned.kv_stored_bytes == device:
+            wrong[cell.label] = (got, planned.kv_stored_bytes, device)
+    assert not wrong, wrong
+
+
+def test_quantized_bytes_measured_by_hand_in_the_issue():
+    """quanto int4, bf16: 60,544 B (context 100/new 32), 100,352 (64/32, batch 2), 167,168 (200/200)."""
+    quanto = get_strategy("quantized-quanto-int4")
+    assert stored_kv_bytes(quanto, SHAPE, 1, "bfloat16", prompt=100, decoded=31) == 60_544
+    assert stored_kv_bytes(quanto, SHAPE, 2, "bfloat16", prompt=64, decoded=31) == 100_352
+    assert stored_kv_bytes(quanto, SHAPE, 1, "bfloat16", prompt=200, decoded=199) == 167_168
+
+
+def test_decode_bytes_per_token_are_weights_and_the_cache_at_the_mean_decode_length(measured):
+    """Untied tiny-llama: every parameter but the input embedding; the cache grows one token a step."""
+    per_token = 2 * SHAPE.layers * SHAPE.kv_heads * SHAPE.head_dim  # K and V elements per cached token
+    for (cell, cache), result in measured.items():
+        if cache not in ("dynamic", "static", "static@300"):
+            continue
+        element = 4 if cell.dtype == "float32" else 2
+        parameters = 853_120 - SHAPE.vocab_size * SHAPE.hidden_size  # tiny-llama's count, minus the lookup table
+        if cache == "dynamic":
+            tokens = cell.context_length + cell.max_new_tokens / 2  # mean of context + j over j = 1 .. new-1
+        else:
+            tokens = max(cell.context_length + cell.max_new_tokens - 1, 300 if cache == "static@300" else 0)
+        expected = parameters * element + per_token * tokens * cell.batch_size * element
+        assert result["metrics"]["decode_bytes_per_token"] == pytest.approx(expected), (cell.label, cache)
