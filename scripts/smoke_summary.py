@@ -1,0 +1,44 @@
+"""Prints what a GPU smoke run proved, from its journal alone, in a form to paste into a bug report.
+
+Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
+device peaks (flat when each call is one request), KV bytes and decode bandwidth utilization.
+Exits 1 when a cell that was not skipped failed, or a peak climbs by more than a tenth of its cache.
+Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
+"""
+
+import sys
+from pathlib import Path
+
+from kvsweep.journal import Journal
+from kvsweep.results import OK, SKIPPED
+
+MIB = 1 << 20
+
+
+def main(folder: str) -> int:
+    journal = Journal(Path(folder)).read()
+    failures = 0
+    for result in journal.latest_results():
+        cell, tags, metrics = result.cell, result.tags, result.metrics
+        name = f"{cell['cache']}{' compiled' if cell['compile'] else ''}"
+        line = f"{name:32s} {result.status:8s}"
+        if result.status == OK:
+            peaks = [s.get("peak_device_mem_bytes") or 0 for s in result.samples.get("repeats", [])]
+            cache = metrics.get("kv_cache_bytes", 0.0)
+            climbing = len(peaks) > 1 and peaks[-1] - peaks[0] > max(0.1 * cache, MIB)
+            failures += climbing
+            line += (
+                f" {tags.get('kvsweep.cache_class', '?'):48s} peaks MiB {[round(p / MIB, 1) for p in peaks]}"
+                f" kv {cache / MIB:.2f} MiB util {metrics.get('decode_bandwidth_utilization', float('nan')):.2f}"
+                f" implausible={tags.get('kvsweep.implausible')}{'  PEAKS CLIMB' if climbing else ''}"
+            )
+        else:
+            failures += result.status != SKIPPED
+            line += f" {result.error[:160]}"
+        print(line)
+    print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,38 @@
+"""scripts/gpu_smoke.sh's parts that need no GPU: output paths and the summary it prints."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def absolute(folder: str, cwd: Path) -> str:
+    done = subprocess.run([ROOT / "scripts/smoke_paths.sh", folder], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_output_folder_absolute_or_relative_makes_a_working_mlflow_uri(tmp_path):
+    assert absolute(str(tmp_path / "abs"), cwd=ROOT) == str(tmp_path / "abs")
+    assert absolute("rel/out", cwd=tmp_path) == str(tmp_path / "rel/out")
+    for folder in (absolute(str(tmp_path / "abs"), ROOT), absolute("rel/out", tmp_path)):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        client = MlflowClient(tracking_uri=f"sqlite:///{folder}/mlflow.db")  # the script's own form
+        client.create_experiment("smoke")
+        assert (Path(folder) / "mlflow.db").exists()
+
+
+def test_summary_names_each_cells_cache_class_and_peaks(run_sweep):
+    run = run_sweep("grid.caches=[dynamic,static,offloaded]", "measure.repeats=2")
+    assert run.code == 0
+    done = subprocess.run(
+        [sys.executable, ROOT / "scripts/smoke_summary.py", run.run_dir], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("dynamic") and "DynamicCache/DynamicLayer" in line for line in lines), lines
+    assert any(line.startswith("static") and "StaticCache/StaticLayer max_cache_len=67" in line for line in lines)
+    assert any(line.startswith("offloaded") and "skipped" in line and "CUDA" in line for line in lines)
+    assert lines[-1] == "OK: 0 problem(s)"
