@@ -85,6 +85,34 @@ def test_drifting_outputs_are_flagged_and_not_picked_for_a_trained_model():
     assert "shape-only (random weights)" in preset.entries[1].flags
 
 
+def test_a_physically_impossible_timing_is_flagged_and_never_picked():
+    """A static cell that read 40x the memory bandwidth would win on TPOT; it must not."""
+    [decision] = decide(
+        [
+            result("dynamic", tpot_ms=10.0),
+            result(
+                "static",
+                tpot_ms=0.5,
+                decode_bandwidth_utilization=40.0,
+                tags={"kvsweep.implausible": "true"},
+            ),
+        ],
+        Settings(),
+    )
+    static = decision.entries[1]
+    assert "implausible: decode read 40.00x the memory bandwidth" in static.flags
+    assert decision.fastest.label == "dynamic"
+
+
+def test_the_results_table_marks_implausible_cells():
+    from kvsweep.table import results_table
+
+    impossible = result("static", tpot_ms=0.5, tags={"kvsweep.implausible": "true"})
+    text = results_table([result("dynamic"), impossible])
+    assert re.search(r"static\s+ok!", text) and "kvsweep.implausible=true" in text
+    assert not re.search(r"dynamic\s+ok!", text)
+
+
 def test_slow_quantized_cache_gets_the_briefs_warning():
     [decision] = decide([result("dynamic", tpot_ms=10.0), result("quantized-hqq-int4", tpot_ms=14.0)], Settings())
     assert "do not make a quantized cache the default" in decision.entries[1].advice

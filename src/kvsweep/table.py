@@ -77,6 +77,7 @@ def results_table(results: Iterable[CellResult]) -> str:
         peak = m.get("peak_device_mem_bytes", m.get("peak_host_rss_bytes"))
         cache = r.cell["cache"] + ("+compile" if r.cell["compile"] else "")
         status = r.status + ("*" if r.tags.get("kvsweep.contended") == "true" else "")
+        status += "!" if r.tags.get("kvsweep.implausible") == "true" else ""
         rows.append(
             [
                 names[r.cell["model"]],
@@ -105,6 +106,8 @@ def results_table(results: Iterable[CellResult]) -> str:
     ]
     if any(r.tags.get("kvsweep.contended") == "true" for r in results):
         notes.append("  * measured while another process was using the same GPU (tag kvsweep.contended=true)")
+    if any(r.tags.get("kvsweep.implausible") == "true" for r in results):
+        notes.append("  ! decode faster than the device's memory bandwidth allows (tag kvsweep.implausible=true)")
     return "\n".join(lines + (["", *notes] if notes else []))
 
 

@@ -62,8 +62,8 @@ def _facet_figure(
     key: FacetKey, model_name: str, results: list[CellResult], palette: dict[str, str], basis: str
 ) -> Figure:
     _, dtype, batch, new = key
-    figure = Figure(figsize=(16, 9), layout="constrained")
-    axes = figure.subplots(2, 3)
+    figure = Figure(figsize=(21, 9), layout="constrained")
+    axes = figure.subplots(2, 4)
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
     series = _series(results)
     contexts = sorted({int(r.cell["context_length"]) for r in results})
@@ -71,9 +71,11 @@ def _facet_figure(
     peak_metric = "peak_device_mem_bytes" if on_gpu else "peak_host_rss_bytes"
     panels = [
         (axes[0, 0], "ttft_ms", 1.0, "time to first token (ms)"),
-        (axes[0, 1], "decode_tokens_per_s", 1.0, "decode tokens/s"),
-        (axes[0, 2], peak_metric, MIB, "peak GPU memory (MiB)" if on_gpu else "peak host RSS (MiB)"),
+        (axes[0, 1], "tpot_ms", 1.0, "time per output token (ms)"),
+        (axes[0, 2], "decode_bandwidth_utilization", 1.0, "decode bytes/s ÷ memory bandwidth"),
+        (axes[0, 3], peak_metric, MIB, "peak GPU memory (MiB)" if on_gpu else "peak host RSS (MiB)"),
         (axes[1, 0], "kv_cache_bytes", MIB, "KV cache (MiB)"),
+        (axes[1, 1], "decode_tokens_per_s", 1.0, "decode tokens/s"),
     ]
     for ax, metric, scale, title in panels:
         for label, cells in series.items():
@@ -83,11 +85,22 @@ def _facet_figure(
                 ax.plot(xs, ys, marker="o", color=palette[label], label=label)
         _mark_failures(ax, series, palette)
         _context_axis(ax, contexts, title)
-    _capacity_line(axes[0, 2], results, scale=MIB)
+    _capacity_line(axes[0, 3], results, scale=MIB)
+    _physical_limit(axes[0, 2], results)
     _dense_line(axes[1, 0], results)
-    _pareto(axes[1, 1], results, palette, basis)
-    _legend_panel(axes[1, 2], series, palette)
+    _pareto(axes[1, 2], results, palette, basis)
+    _legend_panel(axes[1, 3], series, palette)
     return figure
+
+
+def _physical_limit(ax: Axes, results: list[CellResult]) -> None:
+    """Utilization 1 is the device's copy bandwidth; points tagged implausible are ringed in red."""
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="memory bandwidth")
+    for r in results:
+        if _has(r, "decode_bandwidth_utilization") and r.tags.get("kvsweep.implausible") == "true":
+            x, y = int(r.cell["context_length"]), r.metrics["decode_bandwidth_utilization"]
+            ax.plot([x], [y], marker="o", markersize=14, fillstyle="none", color="red")
+            ax.annotate("implausible", (x, y), xytext=(6, 6), textcoords="offset points", fontsize=8, color="red")
 
 
 def _has(result: CellResult, metric: str) -> bool:

@@ -172,7 +172,11 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
         entry.flags.append("shape-only (random weights)")
     if result.tags.get("kvsweep.contended") == "true":
         entry.flags.append("GPU shared during measurement")
-    entry.eligible = entry.speed is not None and not (drifted and not shape_only)
+    implausible = result.tags.get("kvsweep.implausible") == "true"
+    if implausible:
+        utilization = m.get("decode_bandwidth_utilization", float("nan"))
+        entry.flags.append(f"implausible: decode read {utilization:.2f}x the memory bandwidth")
+    entry.eligible = entry.speed is not None and not (drifted and not shape_only) and not implausible
     return entry
 
 
