@@ -29,6 +29,7 @@ def report_main(argv: list[str]) -> int:
 
     from mlflow import MlflowClient
 
+    from kvsweep.redact import redact_uri
     from kvsweep.report.write import ReportContext, settings_from, write_report
     from kvsweep.tracking import PARENT_ID_TAG, default_tracking_uri, result_from_run, run_url
 
@@ -40,7 +41,7 @@ def report_main(argv: list[str]) -> int:
     try:
         parent = client.get_run(parent_id)
     except Exception as exc:
-        print(f"kvsweep report: no run {parent_id!r} in {uri} ({type(exc).__name__})")
+        print(f"kvsweep report: no run {parent_id!r} in {redact_uri(uri)} ({type(exc).__name__})")
         return 2
     experiment_id = parent.info.experiment_id
     cells = client.search_runs([experiment_id], f"tags.`{PARENT_ID_TAG}` = '{parent_id}'", max_results=50000)
