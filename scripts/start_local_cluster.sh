@@ -9,7 +9,8 @@ NODES=${NODES:-2}
 GPUS_PER_NODE=${GPUS_PER_NODE:-2}
 CPUS_PER_NODE=${CPUS_PER_NODE:-2}
 PORT=${PORT:-6379}
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} RAY_USAGE_STATS_ENABLED=0
+# RAY_worker_niceness=0: cells measure at normal priority (Ray's default is nice 15).
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} RAY_USAGE_STATS_ENABLED=0 RAY_worker_niceness=0
 ray start --head --port "$PORT" --num-cpus "$CPUS_PER_NODE" --num-gpus "$GPUS_PER_NODE" \
   --include-dashboard=false --object-store-memory 100000000 --resources '{"accelerator_type:SIM": 1}'
 for i in $(seq 2 "$NODES"); do

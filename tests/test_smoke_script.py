@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def absolute(folder: str, cwd: Path) -> str:
-    done = subprocess.run([ROOT / "scripts/smoke_paths.sh", folder], cwd=cwd, capture_output=True, text=True, check=True)
+    script = ROOT / "scripts/smoke_paths.sh"
+    done = subprocess.run([script, folder], cwd=cwd, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
 

@@ -76,6 +76,7 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         )
         assert len(samples["samples"]["repeats"]) == run.data.metrics["repeats"]  # raw samples behind the median
         assert samples["environment"]["torch_version"]
+        assert samples["environment"]["niceness"] == 0  # normal priority; Ray's own default is nice 15
     skipped = by_cache["offloaded"]
     assert skipped.data.tags["kvsweep.status"] == "skipped" and "CUDA" in skipped.data.tags["kvsweep.error"]
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id)}

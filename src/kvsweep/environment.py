@@ -28,6 +28,7 @@ def describe_environment(device: str) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "torch_threads": torch.get_num_threads(),
+        "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
         "device_total_mem_bytes": device_total_bytes(device),

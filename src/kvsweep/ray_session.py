@@ -7,6 +7,9 @@ from kvsweep.errors import ClusterError
 
 # Ray 2.60 enables token auth and usage stats for local clusters and says so loudly.
 QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+# Ray starts workers at nice 15: every cell would measure at low priority and any ordinary process
+# on the host would preempt it. kvsweep's cells measure; they run at normal priority.
+WORKER_NICENESS_ENV = {"RAY_worker_niceness": "0"}
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 
 
@@ -33,6 +36,8 @@ def connect(address: str) -> RaySession:
         else:
             import torch
 
+            for key, value in WORKER_NICENESS_ENV.items():
+                os.environ.setdefault(key, value)
             ray.init(
                 address="local",
                 num_cpus=os.cpu_count(),
