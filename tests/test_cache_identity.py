@@ -93,3 +93,14 @@ def test_offloading_and_reserved_length_tell_caches_apart():
     assert mismatch(get_strategy("no_cache"), describe_cache(None), cached_tokens=100) is None
     assert "a cache object" in mismatch(get_strategy("no_cache"), static, cached_tokens=100)
     assert "cache class" in mismatch(get_strategy("quantized-hqq-int4"), static, cached_tokens=100)
+
+
+def test_a_sliding_window_model_static_cache_is_still_static():
+    """Every layer sliding: each reserves only its window, which must not read as a wrong length."""
+    from transformers import MistralConfig
+
+    config = MistralConfig(**{**PRESETS["tiny-llama"].config, "sliding_window": 16})
+    sliding = describe_cache(StaticCache(config=config, max_cache_len=100))
+    assert all("StaticSlidingWindowLayer" in layer for layer in sliding.layer_classes)
+    assert mismatch(get_strategy("static"), sliding, cached_tokens=100) is None
+    assert "cache class" in mismatch(get_strategy("dynamic"), sliding, cached_tokens=100)

@@ -42,7 +42,9 @@ def describe_cache(cache: Any) -> CacheIdentity:
     if cache is None:
         return CacheIdentity((), ())
     layers = list(getattr(cache, "layers", []) or [])
-    lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in layers) if isinstance(n, int)]
+    # A sliding-window layer reserves only its window: the request's length is what full layers hold.
+    full = [layer for layer in layers if not getattr(layer, "is_sliding", False)]
+    lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in full) if isinstance(n, int)]
     bits = {getattr(layer, "nbits", None) for layer in layers} - {None}
     return CacheIdentity(
         cache_classes=_class_names(cache),
@@ -69,7 +71,9 @@ def mismatch(strategy: CacheStrategy, got: CacheIdentity, cached_tokens: int) ->
             problems.append("offloading")
         if strategy.nbits is not None and got.nbits != strategy.nbits:
             problems.append("nbits")
-        if strategy.preallocates and got.max_cache_len != expected_length(strategy, cached_tokens):
+        # None: every layer slides (reserves only its window), so no layer shows the request's length
+        length = got.max_cache_len
+        if strategy.preallocates and length is not None and length != expected_length(strategy, cached_tokens):
             problems.append("reserved length")
     if not problems:
         return None
