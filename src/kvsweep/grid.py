@@ -51,6 +51,10 @@ class Protocol:
     threads: int
     min_duration_s: float = 0.0  # ...and at least this much measured time (fast cells get more runs)
     max_repeats: int = 0  # at most this many measured runs when min_duration_s asks for more; 0 = repeats
+    max_host_contention: float = 1.0  # share of the cell's CPUs others may take in a kept call; 1 = off
+    max_discarded: int = 0  # contended calls re-run per cell
+    target_rel_ci: float = 0.0  # keep measuring until each 95% interval is within +-this of its median; 0 = off
+    max_duration_s: float = 0.0  # time cap on the measured phase; 0 = none
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +65,14 @@ class Protocol:
 
     def identity(self) -> dict[str, Any]:
         """What a cell id hashes: fields at their default are left out, so older cell ids stay valid."""
-        defaults = {"min_duration_s": 0.0, "max_repeats": 0}
+        defaults = {
+            "min_duration_s": 0.0,
+            "max_repeats": 0,
+            "max_host_contention": 1.0,
+            "max_discarded": 0,
+            "target_rel_ci": 0.0,
+            "max_duration_s": 0.0,
+        }
         return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
 
 

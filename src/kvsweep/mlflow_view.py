@@ -4,7 +4,8 @@ MLflow 3's runs page keeps grouping and charts in saved views: an experiment tag
 `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
 UI's Views menu writes), opened with `#/experiments/<id>/runs?compareRunsMode=CHART&viewStateShareKey=<key>`.
 kvsweep writes one per sweep: only that sweep's cells, with line charts of TPOT, TTFT and KV cache
-bytes against `context_length` (a line chart can only put a *metric* on its x axis, so the axes are
+bytes and the share of the cell's CPUs other processes took (contention: a contended cell stands out
+as a peak) against `context_length` (a line chart can only put a *metric* on its x axis, so the axes are
 logged as metrics as well as params). Cells are grouped by `cache` plus every other grid axis that
 varies in the sweep: MLflow draws one line per group and averages the runs within it, so grouping
 by `cache` alone would average a batch-1 and a batch-4 cell into one point.
@@ -16,7 +17,20 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-CHARTS = ("tpot_ms", "ttft_ms", "kv_cache_bytes")
+CHARTS = ("tpot_ms", "ttft_ms", "kv_cache_bytes", "host_other_cpu_share")
+# The runs table of the view: the cell's axes, its numbers with their 95% intervals and the
+# contention verdict, so a contended cell is visible beside its numbers (canonical column keys).
+COLUMNS = (
+    *(f"params.`{p}`" for p in ("cache", "context_length", "batch_size", "dtype")),
+    *(
+        f"metrics.`{m}`"
+        for m in ("tpot_ms", "tpot_ms_ci_low", "tpot_ms_ci_high", "ttft_ms", "ttft_ms_ci_low", "ttft_ms_ci_high")
+    ),
+    "metrics.`kv_cache_bytes`",
+    "metrics.`host_other_cpu_share`",
+    "tags.`kvsweep.contended`",
+    "tags.`kvsweep.contention`",
+)
 SECTION = "kvsweep-compare"
 X_AXIS = "context_length"
 # grid key -> the cell param it becomes, in the order groups are named (cache first)
@@ -84,6 +98,7 @@ def compare_view_state(
             "groupByKeys": [{"mode": "param", "groupByData": key} for key in groups or ["cache"]],
         },
         "useGroupedValuesInCharts": True,
+        "selectedColumns": list(COLUMNS),
         "compareRunCharts": charts,
         "compareRunSections": [
             {"uuid": SECTION, "name": "Compare strategies", "display": True, "columns": 1, "cardHeight": 420},

@@ -21,9 +21,12 @@ from kvsweep.faults import fault_for
 from kvsweep.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.grid import Cell, Protocol, cell_id
 from kvsweep.measure.bandwidth import device_bandwidth
+from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
+from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import KvShape, classify, kv_shape
 from kvsweep.plan import package_installed, skip_reason
@@ -70,19 +73,17 @@ def run_cell(
     return result.to_dict()
 
 
-def measured_runs(call: Callable[[], MeasuredCall], protocol: Protocol) -> list[MeasuredCall]:
-    """At least `repeats` runs and at least `min_duration_s` of them, at most `repeat_cap` runs.
-
-    A fixed count alone gives a 20 ms cell a median of a few noisy samples and a 20 s cell more
-    than it needs; a time floor, as the best benchmark harnesses use, evens out the confidence.
-    """
-    runs: list[MeasuredCall] = []
-    started = time.perf_counter()
-    while len(runs) < protocol.repeats or (
-        time.perf_counter() - started < protocol.min_duration_s and len(runs) < protocol.repeat_cap
-    ):
-        runs.append(call())
-    return runs
+def sampling_rules(protocol: Protocol, niceness: int) -> SamplingRules:
+    """The protocol's rules for this process; a niced process yields to anyone, so it tolerates no one."""
+    return SamplingRules(
+        repeats=protocol.repeats,
+        min_duration_s=protocol.min_duration_s,
+        repeat_cap=protocol.repeat_cap,
+        max_contention=0.0 if niceness > 0 else protocol.max_host_contention,
+        max_discarded=protocol.max_discarded,
+        target_rel_ci=protocol.target_rel_ci,
+        max_duration_s=protocol.max_duration_s,
+    )
 
 
 def _fail(result: CellResult, status: str, exc: BaseException) -> None:
@@ -125,17 +126,26 @@ def _measure(
     sharing = SharingProbe(result.environment.get("gpu_uuid"))
     sharing.wait_until_alone(wait_idle_gpu_s)
     sharing.check()  # before and after the measured phase
-    runs = measured_runs(lambda: session.call(strategy), protocol)
+    niceness = int(result.environment.get("niceness", 0))
+    phase = measure_phase(
+        lambda: session.call(strategy), lambda c: c.times, sampling_rules(protocol, niceness), HostMeter()
+    )
     sharing.check()
     on_phase("measured")
+    runs = [sample.call for sample in phase.kept]
     for run in runs:
         check_cache(strategy, run, cell)
-    result.tags["kvsweep.contended"] = sharing.verdict
+    host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
+    gpu = gpu_verdict(sharing.verdict, sorted(sharing.seen)) if session_on_cuda(device) else None
+    result.tags["kvsweep.contended"], result.tags["kvsweep.contention"] = merge(host.verdict(), gpu)
+    if phase.target_met is not None:
+        result.tags["kvsweep.ci_target"] = "met" if phase.target_met else "missed"
     if sharing.seen:
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
     quality = _quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
 
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
+    result.metrics.update(host.metrics(), discarded_calls=float(len(phase.discarded)))
     result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
     result.metrics["kv_cache_bytes_dense"] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
@@ -143,7 +153,11 @@ def _measure(
     )
     result.metrics.update(bandwidth_metrics(read_per_token, result.metrics["tpot_ms"], bandwidth))
     result.tags.update(cell_tags(runs, result.metrics, bandwidth))
-    result.samples = {"first_call": _call_samples(first), "repeats": [_call_samples(r) for r in runs]}
+    result.samples = {
+        "first_call": _call_samples(first),
+        "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
+        "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
+    }
 
 
 def _load(
@@ -205,14 +219,16 @@ def _quality(
     return {**token_agreement(tokens, baseline), **kl}
 
 
-def _call_samples(call: MeasuredCall) -> dict[str, Any]:
-    return {
+def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:
+    """One call's raw numbers; measured calls add what others took of the CPUs meanwhile (None: unreadable)."""
+    samples: dict[str, Any] = {
         "ttft_ms": call.times.ttft_ms,
         "gaps_ms": call.times.gaps_ms,
         "e2e_ms": call.times.e2e_ms,
         "peak_host_rss_bytes": call.peak.host_rss_bytes,
         "peak_device_mem_bytes": call.peak.device_bytes,
     }
+    return samples | (contention.to_dict() if contention is not None else {})
 
 
 def session_on_cuda(device: str) -> bool:

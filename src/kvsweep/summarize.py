@@ -3,13 +3,15 @@
 import torch
 
 from kvsweep.grid import Cell
+from kvsweep.measure.intervals import interval_metrics
 from kvsweep.measure.memory import PeakMemory
 from kvsweep.measure.stats import median, percentile
 from kvsweep.measure.timing import TokenTimes
 
 
 def summarize_runs(runs: list[tuple[TokenTimes, PeakMemory]], cell: Cell) -> dict[str, float]:
-    """Medians over repeats; `tpot_ms_p90` is the 90th percentile of every decode gap (token tail)."""
+    """Medians over repeats with their 95% intervals (`*_ci_low/high`); `tpot_ms_p90` is the 90th
+    percentile of every decode gap (token tail)."""
     times = [t for t, _ in runs]
     ttft = [t.ttft_ms for t in times]
     tpot = [t.tpot_ms for t in times]
@@ -25,6 +27,9 @@ def summarize_runs(runs: list[tuple[TokenTimes, PeakMemory]], cell: Cell) -> dic
         "peak_host_rss_bytes": median([float(p.host_rss_bytes) for _, p in runs]),
         "repeats": float(len(runs)),
     }
+    metrics |= interval_metrics("ttft_ms", ttft) | interval_metrics("e2e_ms", [t.e2e_ms for t in times])
+    if all(t.gaps_ms for t in times):
+        metrics |= interval_metrics("tpot_ms", tpot)
     if decode_rate:
         metrics["decode_tokens_per_s"] = median(decode_rate)
     device_peaks = [float(p.device_bytes) for _, p in runs if p.device_bytes is not None]

@@ -95,6 +95,10 @@ def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
         threads=m["threads"],
         min_duration_s=m["min_duration_s"],
         max_repeats=m["max_repeats"],
+        max_host_contention=m["max_host_contention"],
+        max_discarded=m["max_discarded"],
+        target_rel_ci=m["target_rel_ci"],
+        max_duration_s=m["max_duration_s"],
     )
 
 

@@ -11,12 +11,18 @@ from kvsweep.results import CellResult
 
 CSV_METRICS = (
     "ttft_ms",
+    "ttft_ms_ci_low",
+    "ttft_ms_ci_high",
     "ttft_ms_p90",
     "tpot_ms",
+    "tpot_ms_ci_low",
+    "tpot_ms_ci_high",
     "tpot_ms_p90",
     "decode_tokens_per_s",
     "prefill_tokens_per_s",
     "e2e_ms",
+    "e2e_ms_ci_low",
+    "e2e_ms_ci_high",
     "first_call_ms",
     "kv_cache_bytes",
     "kv_cache_bytes_dense",
@@ -25,6 +31,9 @@ CSV_METRICS = (
     "token_agreement",
     "first_divergence",
     "repeats",
+    "discarded_calls",
+    "host_other_cpu_share",
+    "host_steal_share",
 )
 MIB = 1024 * 1024
 
@@ -32,7 +41,7 @@ MIB = 1024 * 1024
 def results_csv(results: Iterable[CellResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", "contended", *CSV_METRICS])
+    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", "contended", "contention", *CSV_METRICS])
     for r in results:
         writer.writerow(
             [
@@ -41,6 +50,7 @@ def results_csv(results: Iterable[CellResult]) -> str:
                 r.status,
                 r.error,
                 r.tags.get("kvsweep.contended", "unknown"),
+                r.tags.get("kvsweep.contention", ""),
                 *(r.metrics.get(m, "") for m in CSV_METRICS),
             ]
         )
@@ -105,7 +115,10 @@ def results_table(results: Iterable[CellResult]) -> str:
         if r.error
     ]
     if any(r.tags.get("kvsweep.contended") == "true" for r in results):
-        notes.append("  * measured while another process was using the same GPU (tag kvsweep.contended=true)")
+        notes.append(
+            "  * measured while other processes took the cell's CPUs or shared its GPU "
+            "(tag kvsweep.contended=true; kvsweep.contention says what was seen)"
+        )
     if any(r.tags.get("kvsweep.implausible") == "true" for r in results):
         notes.append("  ! decode faster than the device's memory bandwidth allows (tag kvsweep.implausible=true)")
     return "\n".join(lines + (["", *notes] if notes else []))

@@ -29,6 +29,10 @@ CARRIED_TAGS = (
     "kvsweep.oom_kind",
     "kvsweep.shape_only",
     "kvsweep.contended",
+    "kvsweep.contention",
+    "kvsweep.ci_target",
+    "kvsweep.implausible",
+    "kvsweep.cache_class",
     "kvsweep.low_agreement",
     "kvsweep.quality",
 )

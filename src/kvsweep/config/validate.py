@@ -33,18 +33,7 @@ def validate(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"grid.models[{i}] is empty; give a preset name, a local path or a Hub id")
     if cfg["device"] not in DEVICES:
         raise ConfigError(f"device: unknown device {cfg['device']!r}; allowed: {', '.join(DEVICES)}")
-    _at_least("measure.repeats", cfg["measure"]["repeats"], 1)
-    _at_least("measure.warmup", cfg["measure"]["warmup"], 0)
-    _at_least("measure.threads", cfg["measure"]["threads"], 0)
-    if cfg["measure"]["min_duration_s"] < 0:
-        raise ConfigError(f"measure.min_duration_s must be >= 0, got {cfg['measure']['min_duration_s']}")
-    if 0 < cfg["measure"]["max_repeats"] < cfg["measure"]["repeats"]:
-        raise ConfigError(
-            f"measure.max_repeats ({cfg['measure']['max_repeats']}) is below measure.repeats "
-            f"({cfg['measure']['repeats']}); raise it or use 0 (= repeats)"
-        )
-    if cfg["measure"]["wait_for_idle_gpu_s"] < 0:
-        raise ConfigError(f"measure.wait_for_idle_gpu_s must be >= 0, got {cfg['measure']['wait_for_idle_gpu_s']}")
+    _validate_measure(cfg["measure"])
     report = cfg["report"]
     if report["rank_by"] not in RANK_BY:
         raise ConfigError(f"report.rank_by: unknown metric {report['rank_by']!r}; allowed: {', '.join(RANK_BY)}")
@@ -75,3 +64,28 @@ def validate(cfg: dict[str, Any]) -> None:
 def _at_least(key: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ConfigError(f"{key} must be >= {minimum}, got {value}")
+
+
+def _validate_measure(m: dict[str, Any]) -> None:
+    _at_least("measure.repeats", m["repeats"], 1)
+    _at_least("measure.warmup", m["warmup"], 0)
+    _at_least("measure.threads", m["threads"], 0)
+    _at_least("measure.max_discarded", m["max_discarded"], 0)
+    for key in ("min_duration_s", "max_duration_s", "wait_for_idle_gpu_s", "target_rel_ci"):
+        if m[key] < 0:
+            raise ConfigError(f"measure.{key} must be >= 0, got {m[key]}")
+    if 0 < m["max_repeats"] < m["repeats"]:
+        raise ConfigError(
+            f"measure.max_repeats ({m['max_repeats']}) is below measure.repeats ({m['repeats']}); "
+            "raise it or use 0 (= repeats)"
+        )
+    if 0 < m["max_duration_s"] < m["min_duration_s"]:
+        raise ConfigError(
+            f"measure.max_duration_s ({m['max_duration_s']}) is below measure.min_duration_s "
+            f"({m['min_duration_s']}); raise it or use 0 (no cap)"
+        )
+    if not 0 < m["max_host_contention"] <= 1:
+        raise ConfigError(
+            f"measure.max_host_contention must be in (0, 1] (a share of the cell's CPUs; 1 = off), "
+            f"got {m['max_host_contention']}"
+        )

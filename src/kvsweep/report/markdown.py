@@ -11,7 +11,8 @@ def short_form(decisions: list[Decision]) -> str:
         return ""
     settings = decisions[0].settings
     head = (
-        f"Selection (fastest by {settings.rank_by}; leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
+        f"Selection (fastest by {settings.rank_by}, ties within 95% intervals broken by memory; "
+        f"leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
         f"within {settings.max_slowdown:.0%} of the fastest):"
     )
     return "\n".join([head, *(f"  {d.summary()}" for d in decisions)])
@@ -19,6 +20,15 @@ def short_form(decisions: list[Decision]) -> str:
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+def _with_interval(metrics: dict[str, float], name: str) -> str:
+    """'2.05 [1.85-2.24]': the median and its 95% interval."""
+    if name not in metrics:
+        return "-"
+    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    interval = f" [{low:.2f}-{high:.2f}]" if low is not None and high is not None else ""
+    return f"{metrics[name]:.2f}{interval}"
 
 
 Cell = str | tuple[str, str, str]  # plain text, or (link text, url, text after the link)
@@ -53,10 +63,13 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         flagged = [
             f"{e.label}: {e.flags[0]}" for e in d.entries if e.status == "ok" and e.flags and "agreement" in e.flags[0]
         ]
-        fastest = _link(d.fastest, links, f" ({cost_text(d.fastest)})" if d.fastest and d.fastest.deltas else "")
+        tie = f"; tied within noise: {', '.join(e.label for e in d.tied)}" if d.tied else ""
+        cost = f" ({cost_text(d.fastest)})" if d.fastest and d.fastest.deltas else ""
+        fastest = _link(d.fastest, links, cost + tie)
+        contended = [f"{e.label}: CONTENDED ({e.contention})" for e in d.deciding() if e.contention]
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
         row = [d.model_name or model, dtype, str(batch), str(context), str(new), fastest, leanest]
-        rows.append([*row, "; ".join(failed + flagged)])
+        rows.append([*row, "; ".join(contended + failed + flagged)])
     return header, rows
 
 
@@ -90,8 +103,8 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     d.key[0],  # the full reference (a path or Hub id), as in the cell's `model` param
                     _link(e, links),
                     e.status,
-                    _num(m.get("tpot_ms")) if e.status == "ok" else "-",
-                    _num(m.get("ttft_ms")) if e.status == "ok" else "-",
+                    _with_interval(m, "tpot_ms") if e.status == "ok" else "-",
+                    _with_interval(m, "ttft_ms") if e.status == "ok" else "-",
                     _num(e.memory, MIB) if e.status == "ok" else "-",
                     cost_text(e) or ("baseline" if e.label == "dynamic" and e.status == "ok" else "-"),
                     _num(m.get("token_agreement")) if e.status == "ok" else "-",
@@ -115,9 +128,14 @@ def intro(decisions: list[Decision]) -> str:
     s = decisions[0].settings
     basis = MEMORY_LABELS[decisions[0].memory_basis]
     return (
-        f"Fastest: the lowest {s.rank_by} among strategies that ran and fit. Leanest: the least {basis} among "
+        f"Fastest: the lowest {s.rank_by} among strategies that ran and fit, named only when its 95% interval "
+        "(shown in brackets) does not overlap the runner-up's; otherwise the strategies are tied within noise "
+        "and the tie goes to the least memory, then the simpler strategy (dynamic first). "
+        f"Leanest: the least {basis} among "
         f"strategies within {s.max_slowdown:.0%} of the fastest. Costs are relative to `dynamic` on the same "
-        f"model, dtype, batch, context and new tokens. Strategies whose tokens agree with dynamic less than "
+        "model, dtype, batch, context and new tokens; a timing's ± is its 95% uncertainty (both intervals in "
+        "quadrature). CONTENDED marks cells measured while other processes took their CPUs or GPU "
+        "(`kvsweep.contended`). Strategies whose tokens agree with dynamic less than "
         f"{s.min_token_agreement:.2f} are flagged and not picked (on random-weight presets they are only flagged)."
     )
 

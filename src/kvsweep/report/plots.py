@@ -1,9 +1,10 @@
 """One PNG per model/dtype/batch/new-tokens facet: the evidence behind the selection table.
 
 Panels: TTFT, decode tokens/s, peak memory (with the device's capacity), KV cache bytes (measured
-beside the dense formula) against context length, and a memory-vs-TPOT Pareto chart. Cells that
-did not run (oom, skipped, error...) are drawn as crosses on the axis with their status, never
-silently missing.
+beside the dense formula) against context length, and a memory-vs-TPOT Pareto chart. Timings carry
+error bars from their 95% intervals; cells measured under contention are drawn hollow and labelled.
+Cells that did not run (oom, skipped, error...) are drawn as crosses on the axis with their status,
+never silently missing.
 """
 
 from collections import defaultdict
@@ -79,10 +80,7 @@ def _facet_figure(
     ]
     for ax, metric, scale, title in panels:
         for label, cells in series.items():
-            ok = [(int(r.cell["context_length"]), r.metrics[metric] / scale) for r in cells if _has(r, metric)]
-            if ok:
-                xs, ys = zip(*sorted(ok), strict=True)
-                ax.plot(xs, ys, marker="o", color=palette[label], label=label)
+            _plot_series(ax, [r for r in cells if _has(r, metric)], metric, scale, palette[label])
         _mark_failures(ax, series, palette)
         _context_axis(ax, contexts, title)
     _capacity_line(axes[0, 3], results, scale=MIB)
@@ -91,6 +89,26 @@ def _facet_figure(
     _pareto(axes[1, 2], results, palette, basis)
     _legend_panel(axes[1, 3], series, palette)
     return figure
+
+
+def _plot_series(ax: Axes, cells: list[CellResult], metric: str, scale: float, colour: str) -> None:
+    """One strategy's line; error bars where the metric has a 95% interval; contended cells hollow."""
+    cells = sorted(cells, key=lambda r: int(r.cell["context_length"]))
+    if not cells:
+        return
+    xs = [int(r.cell["context_length"]) for r in cells]
+    ys = [r.metrics[metric] / scale for r in cells]
+    ax.plot(xs, ys, color=colour, label=strategy_label(cells[0]))
+    low, high = f"{metric}_ci_low", f"{metric}_ci_high"
+    if all(low in r.metrics and high in r.metrics for r in cells):
+        below = [y - r.metrics[low] / scale for y, r in zip(ys, cells, strict=True)]
+        above = [r.metrics[high] / scale - y for y, r in zip(ys, cells, strict=True)]
+        ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=colour, capsize=3, linewidth=1)
+    for x, y, r in zip(xs, ys, cells, strict=True):
+        contended = r.tags.get("kvsweep.contended") == "true"
+        ax.plot([x], [y], marker="o", color=colour, markersize=7, fillstyle="none" if contended else "full")
+        if contended:
+            ax.annotate("contended", (x, y), xytext=(5, -10), textcoords="offset points", fontsize=7, color=colour)
 
 
 def _physical_limit(ax: Axes, results: list[CellResult]) -> None:
@@ -180,7 +198,9 @@ def _pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], basis:
         (r.metrics[basis] / MIB, r.metrics["tpot_ms"], r) for r in results if _has(r, basis) and _has(r, "tpot_ms")
     ]
     for x, y, r in points:
-        ax.scatter([x], [y], color=palette[strategy_label(r)], s=40, zorder=3)
+        hollow = r.tags.get("kvsweep.contended") == "true"
+        colour = palette[strategy_label(r)]
+        ax.scatter([x], [y], s=40, zorder=3, color="none" if hollow else colour, edgecolors=colour)
         ax.annotate(str(r.cell["context_length"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
     by_context: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for x, y, r in points:
@@ -226,4 +246,12 @@ def _legend_panel(ax: Axes, series: dict[str, list[CellResult]], palette: dict[s
         y = 0.95 - i * 0.08
         ax.plot([0.02], [y], marker="s", markersize=10, color=palette[label], transform=ax.transAxes)
         ax.text(0.06, y, f"{label}: {text}", transform=ax.transAxes, va="center", fontsize=10)
+    ax.text(
+        0.02,
+        0.95 - len(lines) * 0.08,
+        "bars: 95% interval of the median; hollow: measured under contention",
+        transform=ax.transAxes,
+        va="center",
+        fontsize=9,
+    )
     ax.set_title("strategies (x on an axis = no result at that context)")

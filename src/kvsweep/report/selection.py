@@ -1,7 +1,10 @@
 """The selection table: per model/dtype/batch/context, which strategy to ship, decided from the data.
 
 For every group of cells that differ only in their cache strategy:
-- *fastest*: the lowest `rank_by` (TPOT by default) among strategies that ran and fit;
+- *fastest*: the lowest `rank_by` (TPOT by default) among strategies that ran and fit, named only
+  when its 95% interval does not overlap the runner-up's; otherwise the strategies whose intervals
+  overlap the best one's are *tied within noise* and the tie goes to the least memory, then the
+  simpler strategy (registry order: `dynamic` first);
 - *leanest*: the least memory among strategies within `max_slowdown` of the fastest;
 - every strategy's cost relative to `dynamic` (TPOT, TTFT, memory), its quality flags, and for
   failures the status with the rollback advice of the domain brief.
@@ -9,6 +12,7 @@ A strategy whose tokens drift from dynamic (agreement below the threshold) is ne
 trained model; on random-weight presets (shape-only) quality says little, so it is only flagged.
 """
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,8 +20,10 @@ from dataclasses import dataclass, field
 from kvsweep.caches import CACHE_NAMES
 from kvsweep.model_names import display_names
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
+from kvsweep.report.uncertainty import metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
+TIE_RULE = "tie broken by least memory, then the simpler strategy"
 GroupKey = tuple[str, str, int, int, int]  # model, dtype, batch size, context length, new tokens
 MEMORY_LABELS = {"peak_device_mem_bytes": "peak GPU memory", "kv_cache_bytes": "KV cache memory"}
 
@@ -38,6 +44,9 @@ class Entry:
     speed: float | None = None
     memory: float | None = None
     deltas: dict[str, float] = field(default_factory=dict)  # fraction vs dynamic: tpot, ttft, memory
+    errors: dict[str, float] = field(default_factory=dict)  # +- on those fractions (timings only)
+    interval: tuple[float, float] | None = None  # 95% interval of the rank_by median
+    contention: str = ""  # what was seen, when the cell was measured under contention
     flags: list[str] = field(default_factory=list)
     advice: str = ""
     eligible: bool = False
@@ -53,8 +62,9 @@ class Decision:
     entries: list[Entry]
     memory_basis: str
     settings: Settings
-    fastest: Entry | None = None
+    fastest: Entry | None = None  # the pick: the fastest, or the tie-break among the tied
     leanest: Entry | None = None
+    tied: list[Entry] = field(default_factory=list)  # strategies indistinguishable from the fastest
     model_name: str = ""  # what a person reads (model_names.py); the key keeps the full reference
 
     @property
@@ -66,8 +76,7 @@ class Decision:
         """One line: the two picks and what they cost against dynamic."""
         if self.fastest is None:
             return f"{self.label}: no strategy ran ({', '.join(f'{e.label} {e.status}' for e in self.entries)})"
-        speed = f"{self.settings.rank_by.removesuffix('_ms')} {self.fastest.speed:.2f} ms"
-        text = f"{self.label}: fastest {self.fastest.label} ({speed}{_vs(self.fastest)})"
+        text = f"{self.label}: {self._pick_text()}"
         within = f"{self.settings.max_slowdown:.0%}"
         if self.leanest is not None and self.leanest is not self.fastest:
             text += f"; leanest within {within}: {self.leanest.label} ({_vs(self.leanest, first=True)})"
@@ -78,7 +87,28 @@ class Decision:
         ]
         if drifted:
             text += f"; flagged: {', '.join(drifted)}"
+        contended = [e for e in self.deciding() if e.contention]
+        if contended:
+            text += f"; CONTENDED deciding cells: {', '.join(f'{e.label} ({e.contention})' for e in contended)}"
         return text
+
+    def _pick_text(self) -> str:
+        assert self.fastest is not None
+        metric = self.settings.rank_by.removesuffix("_ms")
+        if not self.tied:
+            return f"fastest {self.fastest.label} ({metric} {self.fastest.speed:.2f} ms{_vs(self.fastest)})"
+        speeds = [e.speed for e in self.tied if e.speed is not None]
+        return (
+            f"tied within noise on {metric} ({min(speeds):.2f}-{max(speeds):.2f} ms): "
+            f"{', '.join(e.label for e in self.tied)}; pick {self.fastest.label} ({TIE_RULE}{_vs(self.fastest)})"
+        )
+
+    def deciding(self) -> list[Entry]:
+        """The cells the decision rests on: the fastest and its runner-up (or all the tied), and dynamic."""
+        eligible = sorted((e for e in self.entries if e.eligible), key=lambda e: e.speed or 0.0)
+        cells = self.tied or eligible[:2]
+        dynamic = [e for e in self.entries if e.label == "dynamic" and e.status == OK and e not in cells]
+        return [*cells, *dynamic]
 
 
 def _vs(entry: Entry, first: bool = False) -> str:
@@ -91,7 +121,11 @@ def _vs(entry: Entry, first: bool = False) -> str:
 def cost_text(entry: Entry) -> str:
     """'TPOT -12%, TTFT +3%, memory +30%' relative to dynamic; empty for dynamic itself."""
     names = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "memory": "memory"}
-    return ", ".join(f"{names[k]} {pct(v)}" for k, v in entry.deltas.items())
+    return ", ".join(f"{names[k]} {pct(v)}{_pm(entry.errors.get(k))}" for k, v in entry.deltas.items())
+
+
+def _pm(error: float | None) -> str:
+    return "" if error is None else f" ±{error * 100:.0f}%"
 
 
 def pct(fraction: float) -> str:
@@ -137,13 +171,19 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:
             entry.deltas = _deltas(entry.result, dynamic.result, basis)
+            entry.errors = _errors(entry.result, dynamic.result)
             slower = entry.deltas.get(settings.rank_by, 0.0) > 0
             entry.advice = entry.advice or slow_quantized_advice(entry.label, slower, True)
     decision = Decision(key, entries, basis, settings)
-    eligible = [e for e in entries if e.eligible]
+    eligible = sorted((e for e in entries if e.eligible), key=lambda e: e.speed)
     if eligible:
-        decision.fastest = min(eligible, key=lambda e: e.speed)
-        limit = decision.fastest.speed * (1 + settings.max_slowdown)
+        best = eligible[0]
+        tied = [e for e in eligible if e is best or overlaps(e.interval, best.interval)]
+        decision.fastest = best
+        if len(tied) > 1:
+            decision.tied = tied
+            decision.fastest = min(tied, key=lambda e: (math.inf if e.memory is None else e.memory, _order(e.result)))
+        limit = best.speed * (1 + settings.max_slowdown)
         within = [e for e in eligible if e.speed <= limit and e.memory is not None]
         if within:
             decision.leanest = min(within, key=lambda e: (e.memory, e.speed))
@@ -159,6 +199,7 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
             entry.flags.append("inferred from a smaller cell's OOM")
         return entry
     entry.speed = m.get(settings.rank_by)
+    entry.interval = metric_interval(m, settings.rank_by)
     entry.memory = m.get(basis)
     shape_only = result.tags.get("kvsweep.shape_only") == "true"
     agreement = m.get("token_agreement")
@@ -171,13 +212,19 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     if shape_only:
         entry.flags.append("shape-only (random weights)")
     if result.tags.get("kvsweep.contended") == "true":
-        entry.flags.append("GPU shared during measurement")
+        entry.contention = result.tags.get("kvsweep.contention", "GPU shared")
+        entry.flags.append(f"contended: {entry.contention}")
     implausible = result.tags.get("kvsweep.implausible") == "true"
     if implausible:
         utilization = m.get("decode_bandwidth_utilization", float("nan"))
         entry.flags.append(f"implausible: decode read {utilization:.2f}x the memory bandwidth")
     entry.eligible = entry.speed is not None and not (drifted and not shape_only) and not implausible
     return entry
+
+
+def _errors(result: CellResult, dynamic: CellResult) -> dict[str, float]:
+    errors = {name: ratio_error(result.metrics, dynamic.metrics, name) for name in ("tpot_ms", "ttft_ms")}
+    return {name: error for name, error in errors.items() if error is not None}
 
 
 def _deltas(result: CellResult, dynamic: CellResult, basis: str) -> dict[str, float]:

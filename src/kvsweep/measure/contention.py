@@ -1,0 +1,132 @@
+"""Who else used this cell's CPUs while a call was measured?
+
+A cell on a shared host is slowed by anything else that runs on its CPUs: another job, a spare
+actor importing, kvsweep's own driver, or the hypervisor giving the vCPU to another guest (steal).
+The kernel's per-CPU counters in `/proc/stat` say how busy each CPU was; subtracting this process's
+own CPU time (all its threads) leaves what others took. Both are read at the start and the end of
+every measured call, so each call carries its own evidence.
+
+`/proc/stat` counts in USER_HZ ticks (10 ms), so a reading is only good to about one tick per CPU:
+`resolution` says how much share that is for the call's length, and a call only counts as contended
+when its share exceeds the limit by more than that (a 20 ms call cannot tell 0.3 from 0).
+"""
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+PROC_STAT = "/proc/stat"
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+# /proc/stat per-CPU fields: user nice system idle iowait irq softirq steal guest guest_nice
+# (guest time is already inside user/nice, so it is not added again)
+_BUSY, _STEAL = (0, 1, 2, 5, 6), 7
+
+
+@dataclass(frozen=True)
+class CpuCounters:
+    """Seconds, summed over the CPUs read, since boot."""
+
+    busy: float
+    steal: float
+
+
+@dataclass(frozen=True)
+class CallContention:
+    """What others took of the cell's CPUs during one call: CPU-seconds, and shares of (wall x CPUs)."""
+
+    other_s: float
+    steal_s: float
+    capacity_s: float  # wall time x CPUs
+    cpus: int
+
+    @property
+    def other_share(self) -> float:
+        return min(1.0, max(0.0, self.other_s / self.capacity_s))
+
+    @property
+    def steal_share(self) -> float:
+        return min(1.0, max(0.0, self.steal_s / self.capacity_s))
+
+    @property
+    def resolution(self) -> float:
+        """One tick per CPU, as a share: the reading's own uncertainty."""
+        return min(1.0, self.cpus * TICK_S / self.capacity_s)
+
+    def over(self, limit: float) -> bool:
+        """Contended beyond what the counters' resolution could explain."""
+        return max(self.other_share, self.steal_share) - self.resolution > limit
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "host_other_cpu_share": round(self.other_share, 4),
+            "host_steal_share": round(self.steal_share, 4),
+            "contention_resolution": round(self.resolution, 4),
+        }
+
+
+def read_counters(cpus: Iterable[int], path: str = PROC_STAT) -> CpuCounters | None:
+    """Busy and steal seconds of the given CPUs, or None when the counters cannot be read."""
+    wanted = {f"cpu{c}" for c in cpus}
+    busy = steal = 0
+    found = 0
+    try:
+        with open(path) as stat:
+            for line in stat:
+                name, _, rest = line.partition(" ")
+                if name in wanted:
+                    fields = [int(v) for v in rest.split()]
+                    busy += sum(fields[i] for i in _BUSY if i < len(fields))
+                    steal += fields[_STEAL] if len(fields) > _STEAL else 0
+                    found += 1
+    except (OSError, ValueError):
+        return None
+    if found != len(wanted):
+        return None
+    return CpuCounters(busy * TICK_S, steal * TICK_S)
+
+
+class HostMeter:
+    """Brackets one call: `start()` before it, `stop()` after; `stop()` returns None when it cannot tell.
+
+    `path` is the seam for a host without `/proc/stat`; `own_cpu` is this process's CPU time.
+    """
+
+    def __init__(
+        self,
+        cpus: Sequence[int] | None = None,
+        path: str = PROC_STAT,
+        own_cpu: Callable[[], float] = time.process_time,
+    ) -> None:
+        self.cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+        self.path = path
+        self.own_cpu = own_cpu
+        self._start: tuple[float, float, CpuCounters | None] | None = None
+
+    @property
+    def available(self) -> bool:
+        return read_counters(self.cpus, self.path) is not None
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), self.own_cpu(), read_counters(self.cpus, self.path))
+
+    def stop(self) -> CallContention | None:
+        counters = read_counters(self.cpus, self.path)
+        own, wall = self.own_cpu(), time.perf_counter()
+        if self._start is None or self._start[2] is None or counters is None:
+            return None
+        began, own_before, before = self._start
+        return CallContention(
+            other_s=counters.busy - before.busy - (own - own_before),
+            steal_s=counters.steal - before.steal,
+            capacity_s=max(wall - began, TICK_S) * len(self.cpus),
+            cpus=len(self.cpus),
+        )
+
+
+def pooled(readings: Sequence[CallContention]) -> tuple[float, float]:
+    """Other and steal shares over all the calls together: each call's one-tick error shrinks with the total
+    time, where a median of per-call shares keeps it (a 30 ms call cannot read better than +-0.3)."""
+    capacity = sum(r.capacity_s for r in readings)
+    other, steal = sum(r.other_s for r in readings), sum(r.steal_s for r in readings)
+    return min(1.0, max(0.0, other / capacity)), min(1.0, max(0.0, steal / capacity))

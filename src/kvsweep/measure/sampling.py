@@ -1,0 +1,96 @@
+"""The measured phase: how many calls, which ones count, and when to stop.
+
+Rules, in order:
+- a call during which others took more than the contention limit of the cell's CPUs is discarded
+  and re-run after a short pause (the burst may pass), at most `max_discarded` times per cell; once
+  that budget is spent, calls are kept whatever they saw (the verdict then says so);
+- measuring goes on until there are at least `repeats` kept calls and `min_duration_s` of them;
+- with a precision target, it goes on until the 95% intervals of TTFT, TPOT and end-to-end time
+  are within +-target of their medians, or `repeat_cap` calls or `max_duration_s` are reached.
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from kvsweep.measure.contention import CallContention, HostMeter
+from kvsweep.measure.intervals import precise_enough
+from kvsweep.measure.timing import TokenTimes
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SamplingRules:
+    repeats: int
+    min_duration_s: float = 0.0
+    repeat_cap: int = 0  # 0 = repeats
+    max_contention: float = math.inf  # share of the cell's CPUs others may take during a kept call
+    max_discarded: int = 0
+    target_rel_ci: float = 0.0  # 0 = off
+    max_duration_s: float = 0.0  # 0 = no time cap
+
+
+@dataclass
+class Sample(Generic[T]):
+    call: T
+    times: TokenTimes
+    contention: CallContention | None  # None: the host's counters could not be read
+
+
+@dataclass
+class MeasuredPhase(Generic[T]):
+    kept: list[Sample[T]] = field(default_factory=list)
+    discarded: list[Sample[T]] = field(default_factory=list)
+    target_met: bool | None = None  # None: no precision target was set
+
+    def series(self) -> list[list[float]]:
+        """TTFT, TPOT and end-to-end times of the kept calls (TPOT left out when calls decode nothing)."""
+        times = [s.times for s in self.kept]
+        out = [[t.ttft_ms for t in times], [t.e2e_ms for t in times]]
+        if all(t.gaps_ms for t in times):
+            out.append([t.tpot_ms for t in times])
+        return out
+
+
+def pause_after(times: TokenTimes) -> float:
+    """How long to step aside after a contended call: about one call, between 0.1 and 1 s."""
+    return min(1.0, max(0.1, times.e2e_ms / 1000))
+
+
+def measure_phase(
+    call: Callable[[], T],
+    times_of: Callable[[T], TokenTimes],
+    rules: SamplingRules,
+    meter: HostMeter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> MeasuredPhase[T]:
+    phase: MeasuredPhase[T] = MeasuredPhase()
+    cap = max(rules.repeats, rules.repeat_cap)
+    started = time.perf_counter()
+    kept_s = 0.0
+    while True:
+        n = len(phase.kept)
+        if n >= rules.repeats:
+            floor_met = kept_s >= rules.min_duration_s
+            precise = rules.target_rel_ci > 0 and precise_enough(phase.series(), rules.target_rel_ci)
+            out_of_time = rules.max_duration_s > 0 and time.perf_counter() - started >= rules.max_duration_s
+            if floor_met and (rules.target_rel_ci <= 0 or precise):
+                break
+            if n >= cap or out_of_time:
+                break
+        meter.start()
+        result = call()
+        reading = meter.stop()
+        sample = Sample(result, times_of(result), reading)
+        if reading is not None and reading.over(rules.max_contention) and len(phase.discarded) < rules.max_discarded:
+            phase.discarded.append(sample)
+            sleep(pause_after(sample.times))
+            continue
+        phase.kept.append(sample)
+        kept_s += sample.times.e2e_ms / 1000
+    if rules.target_rel_ci > 0:
+        phase.target_met = precise_enough(phase.series(), rules.target_rel_ci)
+    return phase
