@@ -41,3 +41,8 @@ def test_the_view_saved_with_a_sweep_groups_by_its_varying_axes(tmp_path):
     keys = [(k["mode"], k["groupByData"]) for k in state["groupBy"]["groupByKeys"]]
     assert keys == [("param", "cache"), ("param", "dtype"), ("param", "batch_size")]
     assert {c["selectedXAxisMetricKey"] for c in state["compareRunCharts"]} == {"context_length"}
+    # Contention is visible in the view: its own chart, and the verdict beside the numbers in the table.
+    assert "host_other_cpu_share" in {c["metricKey"] for c in state["compareRunCharts"]}
+    assert {"tags.`kvsweep.contended`", "tags.`kvsweep.contention`", "metrics.`tpot_ms_ci_low`"} <= set(
+        state["selectedColumns"]
+    )

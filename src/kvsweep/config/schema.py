@@ -37,9 +37,9 @@ class MeasureConfig:
     threads: int = _help(0, "torch intra-op threads in a cell; 0 = every core the cell process may use")
     wait_for_idle_gpu_s: float = _help(0.0, "wait up to this long for other processes to leave the cell's GPU")
     max_host_contention: float = _help(
-        0.10, "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)"
+        0.05, "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)"
     )
-    max_discarded: int = _help(10, "contended calls re-run per cell before its numbers are kept and tagged")
+    max_discarded: int = _help(8, "contended calls re-run per cell before its numbers are kept and tagged")
     target_rel_ci: float = _help(
         0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)"
     )

@@ -2,7 +2,8 @@
 
 Rules, in order:
 - a call during which others took more than the contention limit of the cell's CPUs is discarded
-  and re-run after a short pause (the burst may pass), at most `max_discarded` times per cell; once
+  and re-run after a pause that doubles while calls stay contended (a burst may pass), at most
+  `max_discarded` times per cell; once
   that budget is spent, calls are kept whatever they saw (the verdict then says so);
 - measuring goes on until there are at least `repeats` kept calls and `min_duration_s` of them;
 - with a precision target, it goes on until the 95% intervals of TTFT, TPOT and end-to-end time
@@ -13,13 +14,21 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from kvsweep.measure.contention import CallContention, HostMeter
+from kvsweep.measure.contention import CallContention
 from kvsweep.measure.intervals import precise_enough
 from kvsweep.measure.timing import TokenTimes
 
 T = TypeVar("T")
+
+
+class CallMeter(Protocol):
+    """Brackets each call (`HostMeter` on a real host); None from `stop` means it could not tell."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> CallContention | None: ...
 
 
 @dataclass(frozen=True)
@@ -55,22 +64,24 @@ class MeasuredPhase(Generic[T]):
         return out
 
 
-def pause_after(times: TokenTimes) -> float:
-    """How long to step aside after a contended call: about one call, between 0.1 and 1 s."""
-    return min(1.0, max(0.1, times.e2e_ms / 1000))
+def pause_after(times: TokenTimes, in_a_row: int) -> float:
+    """How long to step aside after a contended call: about one call (at least 0.1 s), doubling with each
+    contended call in a row so a burst can pass, at most 1 s."""
+    return min(1.0, max(0.1, times.e2e_ms / 1000) * 2 ** (in_a_row - 1))
 
 
 def measure_phase(
     call: Callable[[], T],
     times_of: Callable[[T], TokenTimes],
     rules: SamplingRules,
-    meter: HostMeter,
+    meter: CallMeter,
     sleep: Callable[[float], None] = time.sleep,
 ) -> MeasuredPhase[T]:
     phase: MeasuredPhase[T] = MeasuredPhase()
     cap = max(rules.repeats, rules.repeat_cap)
     started = time.perf_counter()
     kept_s = 0.0
+    in_a_row = 0  # contended calls since the last kept one
     while True:
         n = len(phase.kept)
         if n >= rules.repeats:
@@ -87,8 +98,10 @@ def measure_phase(
         sample = Sample(result, times_of(result), reading)
         if reading is not None and reading.over(rules.max_contention) and len(phase.discarded) < rules.max_discarded:
             phase.discarded.append(sample)
-            sleep(pause_after(sample.times))
+            in_a_row += 1
+            sleep(pause_after(sample.times, in_a_row))
             continue
+        in_a_row = 0
         phase.kept.append(sample)
         kept_s += sample.times.e2e_ms / 1000
     if rules.target_rel_ci > 0:
