@@ -126,3 +126,11 @@ def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_i
     for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
         assert metrics[f"{name}_ci_low"] <= metrics[name] <= metrics[f"{name}_ci_high"]
         assert metrics[f"{name}_ci_low"] < metrics[f"{name}_ci_high"]
+
+
+def test_a_precision_target_is_measured_to_and_recorded():
+    loose = GUARDED | {"target_rel_ci": 0.5, "max_repeats": 30}  # +-50%: any quiet cell gets there
+    result = run_cell(CELL, loose)
+    assert result["tags"]["kvsweep.ci_target"] == "met"
+    assert result["metrics"]["repeats"] >= 6  # the fewest samples with a true 95% interval
+    assert "kvsweep.ci_target" not in run_cell(CELL, GUARDED)["tags"]  # no target, no claim

@@ -32,7 +32,7 @@ class MeasureConfig:
     warmup: int = _help(1, "uncounted runs after the cold first call")
     repeats: int = _help(3, "measured runs behind each median (at least)")
     min_duration_s: float = _help(2.0, "keep measuring until the measured runs add up to this many seconds")
-    max_repeats: int = _help(30, "cap on measured runs when min_duration_s asks for more; 0 = repeats")
+    max_repeats: int = _help(30, "cap on measured runs when min_duration_s or target_rel_ci asks for more; 0 = repeats")
     seed: int = _help(0, "seed for random weights and input ids")
     threads: int = _help(0, "torch intra-op threads in a cell; 0 = every core the cell process may use")
     wait_for_idle_gpu_s: float = _help(0.0, "wait up to this long for other processes to leave the cell's GPU")
