@@ -153,6 +153,11 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
         DOCS_SHOT.parent.mkdir(exist_ok=True)
         save_compact_png(shot, DOCS_SHOT)
 
+    # The same view as a table: each cell's contention verdict beside its numbers and their intervals.
+    table = f"{base}/#/{printed.group(1).split('/#/', 1)[1].replace('compareRunsMode=CHART', 'compareRunsMode=TABLE')}"
+    text = render(table, ARTIFACTS / "mlflow-compare-table.png", size=(2200, 1000)).text()
+    assert "kvsweep.contended" in text and "tpot_ms_ci_low" in text, text[-2000:]
+
 
 def test_html_report_renders_offline(ui_sweep):
     report = ui_sweep.run.run_dir / "report" / "report.html"

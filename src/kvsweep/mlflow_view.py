@@ -21,15 +21,10 @@ CHARTS = ("tpot_ms", "ttft_ms", "kv_cache_bytes", "host_other_cpu_share")
 # The runs table of the view: the cell's axes, its numbers with their 95% intervals and the
 # contention verdict, so a contended cell is visible beside its numbers (canonical column keys).
 COLUMNS = (
-    *(f"params.`{p}`" for p in ("cache", "context_length", "batch_size", "dtype")),
-    *(
-        f"metrics.`{m}`"
-        for m in ("tpot_ms", "tpot_ms_ci_low", "tpot_ms_ci_high", "ttft_ms", "ttft_ms_ci_low", "ttft_ms_ci_high")
-    ),
-    "metrics.`kv_cache_bytes`",
-    "metrics.`host_other_cpu_share`",
     "tags.`kvsweep.contended`",
     "tags.`kvsweep.contention`",
+    *(f"metrics.`{m}`" for m in ("tpot_ms", "tpot_ms_ci_low", "tpot_ms_ci_high", "host_other_cpu_share")),
+    *(f"params.`{p}`" for p in ("cache", "context_length", "batch_size", "dtype")),
 )
 SECTION = "kvsweep-compare"
 X_AXIS = "context_length"
