@@ -25,7 +25,7 @@ from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
-from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import KvShape, classify, kv_shape
@@ -136,16 +136,10 @@ def _measure(
     for run in runs:
         check_cache(strategy, run, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
-    gpu = gpu_verdict(sharing.verdict, sorted(sharing.seen)) if session_on_cuda(device) else None
-    result.tags["kvsweep.contended"], result.tags["kvsweep.contention"] = merge(host.verdict(), gpu)
-    if phase.target_met is not None:
-        result.tags["kvsweep.ci_target"] = "met" if phase.target_met else "missed"
-    if sharing.seen:
-        result.environment["gpu_other_pids"] = ",".join(map(str, sorted(sharing.seen)))
+    _record_noise(result, phase, host, sharing if session_on_cuda(device) else None)
     quality = _quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
 
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
-    result.metrics.update(host.metrics(), discarded_calls=float(len(phase.discarded)))
     result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
     result.metrics["kv_cache_bytes_dense"] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
@@ -158,6 +152,19 @@ def _measure(
         "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
     }
+
+
+def _record_noise(
+    result: CellResult, phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None
+) -> None:
+    """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
+    gpu_seen = gpu_verdict(gpu.verdict, sorted(gpu.seen)) if gpu is not None else None
+    result.tags["kvsweep.contended"], result.tags["kvsweep.contention"] = merge(host.verdict(), gpu_seen)
+    if phase.target_met is not None:
+        result.tags["kvsweep.ci_target"] = "met" if phase.target_met else "missed"
+    if gpu is not None and gpu.seen:
+        result.environment["gpu_other_pids"] = ",".join(map(str, sorted(gpu.seen)))
+    result.metrics.update(host.metrics(), discarded_calls=float(len(phase.discarded)))
 
 
 def _load(

@@ -3,8 +3,8 @@
 Rules, in order:
 - a call during which others took more than the contention limit of the cell's CPUs is discarded
   and re-run after a pause that doubles while calls stay contended (a burst may pass), at most
-  `max_discarded` times per cell; once
-  that budget is spent, calls are kept whatever they saw (the verdict then says so);
+  `max_discarded` times per cell; once that budget is spent, calls are kept whatever they saw (the
+  verdict then says so);
 - measuring goes on until there are at least `repeats` kept calls and `min_duration_s` of them;
 - with a precision target, it goes on until the 95% intervals of TTFT, TPOT and end-to-end time
   are within +-target of their medians, or `repeat_cap` calls or `max_duration_s` are reached.
