@@ -9,8 +9,8 @@ Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
 import sys
 from pathlib import Path
 
-from kvsweep.journal import Journal
 from kvsweep.results import OK, SKIPPED
+from kvsweep.tracking.journal import Journal
 
 MIB = 1 << 20
 

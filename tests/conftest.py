@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsweep.ray_session import QUIET_ENV
+from kvsweep.driver.ray_session import QUIET_ENV
 
 for _key, _value in QUIET_ENV.items():
     os.environ.setdefault(_key, _value)
@@ -31,7 +31,7 @@ FAST = [
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    from kvsweep import ray_session
+    from kvsweep.driver import ray_session
 
     session = ray_session.connect("")
     yield session

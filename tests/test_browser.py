@@ -11,7 +11,7 @@ How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
 - The chart view with grouping and charts is a saved view: an experiment tag
   `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
   UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`;
-  kvsweep writes one per sweep (mlflow_view.py) and prints its link.
+  kvsweep writes one per sweep (tracking/view.py) and prints its link.
 """
 
 import os
@@ -25,7 +25,7 @@ import pytest
 
 from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render, save_compact_png
 from conftest import FAST, SweepRun, cell_runs, free_port, start_mlflow_server, stop
-from kvsweep.tracking import cell_run_name
+from kvsweep.tracking.client import cell_run_name
 
 pytestmark = pytest.mark.skipif(
     find_browser() is None, reason="no headless browser: install Debian's `chromium` (.ci/run does)"

@@ -58,7 +58,7 @@ def sweep(cluster, tmp_path, *overrides):
             "grid.max_new_tokens=[4]",
             "grid.caches=[dynamic,static]",
             f"ray.address={cluster.address}",
-            "testing.runner=kvsweep.stand_ins:sleep_cell",
+            "testing.runner=kvsweep.testing.stand_ins:sleep_cell",
             "testing.sleep_s=3",
             f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
             f"hydra.run.dir={tmp_path}/r",

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from kvsweep.cell.run import run_cell
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
-from kvsweep.runner import run_cell
 
 CPUS = sorted(os.sched_getaffinity(0))
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass"

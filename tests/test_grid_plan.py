@@ -5,7 +5,7 @@ import pytest
 from kvsweep.grid import Cell, Protocol, cell_id, expand_grid
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.resolve import classify, kv_shape, load_config
-from kvsweep.plan import plan_cell
+from kvsweep.plan.cell_plan import plan_cell
 
 GRID = {
     "models": ["tiny-llama"],
@@ -95,9 +95,9 @@ def test_model_references_are_classified(tmp_path):
 @pytest.mark.parametrize(("model", "dtype"), [("tiny-llama", "float32"), ("smollm2-135m", "bfloat16")])
 def test_predicted_weights_equal_the_built_models_parameter_bytes(model, dtype):
     from kvsweep.caches import get_strategy
-    from kvsweep.memory_plan import estimate_peak
     from kvsweep.models.build import build_model
     from kvsweep.models.resolve import parameter_count
+    from kvsweep.plan.memory import estimate_peak
 
     config = load_config(classify(model))
     built = build_model(classify(model), dtype, "cpu", seed=0)

@@ -7,12 +7,12 @@ where a residual-window guess goes wrong; every CPU strategy is run for real on 
 import pytest
 
 from kvsweep.caches import CACHE_NAMES, get_strategy
-from kvsweep.estimate import stored_kv_bytes
+from kvsweep.cell.run import run_cell
 from kvsweep.grid import Cell
-from kvsweep.memory_plan import estimate_peak
 from kvsweep.models.resolve import classify, kv_shape, load_config
-from kvsweep.plan import plan_cell
-from kvsweep.runner import run_cell
+from kvsweep.plan.cell_plan import plan_cell
+from kvsweep.plan.kv_bytes import stored_kv_bytes
+from kvsweep.plan.memory import estimate_peak
 
 PROTO = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cpu", "threads": 1}
 SHAPE = kv_shape(load_config(classify("tiny-llama")))

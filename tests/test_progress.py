@@ -13,7 +13,7 @@ import threading
 import time
 
 from conftest import FAST
-from kvsweep.progress import SweepProgress
+from kvsweep.driver.progress import SweepProgress
 from kvsweep.results import CellResult
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

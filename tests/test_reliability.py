@@ -11,7 +11,7 @@ import pytest
 
 from conftest import FAST, cell_runs, free_port, start_mlflow_server, statuses, stop
 from kvsweep.cli import main
-from kvsweep.journal import Journal
+from kvsweep.tracking.journal import Journal
 
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 

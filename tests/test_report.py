@@ -8,7 +8,7 @@ from mlflow import MlflowClient
 
 from kvsweep.cli import main
 from kvsweep.report.markdown import short_form
-from kvsweep.report.plots import pareto_frontier
+from kvsweep.report.pareto import pareto_frontier
 from kvsweep.report.selection import Settings, decide
 from kvsweep.results import CellResult
 
@@ -105,7 +105,7 @@ def test_a_physically_impossible_timing_is_flagged_and_never_picked():
 
 
 def test_the_results_table_marks_implausible_cells():
-    from kvsweep.table import results_table
+    from kvsweep.report.table import results_table
 
     impossible = result("static", tpot_ms=0.5, tags={"kvsweep.implausible": "true"})
     text = results_table([result("dynamic"), impossible])

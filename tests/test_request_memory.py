@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import torch
 
 from kvsweep.caches import get_strategy
-from kvsweep.generate_session import GenerateSession
+from kvsweep.cell.generate_session import GenerateSession
+from kvsweep.cell.run import run_cell
 from kvsweep.grid import Cell
 from kvsweep.measure.memory import HWM, track_peak_memory
-from kvsweep.runner import run_cell
 
 MIB = 1 << 20
 PROTO = {"warmup": 1, "repeats": 12, "seed": 0, "device": "cpu", "threads": 1}

@@ -7,9 +7,9 @@ bytes), quantized payloads against their packed layout, timings against their ow
 import pytest
 
 from kvsweep.caches import CACHE_NAMES, get_strategy
-from kvsweep.estimate import stored_kv_bytes
+from kvsweep.cell.run import run_cell
 from kvsweep.models.resolve import classify, kv_shape, load_config
-from kvsweep.runner import run_cell
+from kvsweep.plan.kv_bytes import stored_kv_bytes
 
 PROTO = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
@@ -125,7 +125,7 @@ def test_compile_cost_lands_in_first_call_not_in_the_medians():
 
 def test_predicted_kv_bytes_equal_the_measured_ones(results):
     from kvsweep.grid import Cell
-    from kvsweep.memory_plan import estimate_peak
+    from kvsweep.plan.memory import estimate_peak
 
     for name, result in results.items():
         estimate = estimate_peak(Cell(**result["cell"]), get_strategy(name), SHAPE, parameters=0)
@@ -146,7 +146,7 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     """On CUDA generate would compile static caches by itself: compile=false must switch that off."""
     import torch
 
-    from kvsweep.generate_session import GenerateSession
+    from kvsweep.cell.generate_session import GenerateSession
     from kvsweep.grid import Cell
 
     session = GenerateSession(

@@ -8,7 +8,7 @@ import pytest
 from kvsweep.report.html_page import render_page
 from kvsweep.report.markdown import short_form
 from kvsweep.report.selection import Settings, decide
-from kvsweep.table import results_table
+from kvsweep.report.table import results_table
 from test_report import result
 
 

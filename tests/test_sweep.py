@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from conftest import cell_runs, free_port, start_mlflow_server, statuses, stop
 from kvsweep.cli import main
-from kvsweep.journal import Journal
+from kvsweep.tracking.journal import Journal
 
 CELL_PARAMS = {"model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "device"}
 CELL_METRICS = {

@@ -31,9 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, fmt, markdown_table, median
+from kvsweep.cell.run import run_cell
 from kvsweep.config.schema import MeasureConfig
 from kvsweep.measure.contention import HostMeter
-from kvsweep.runner import run_cell
 
 TITLE = "Contention: a small sweep beside a CPU burner, with and without the guard"
 DEFAULTS = MeasureConfig()

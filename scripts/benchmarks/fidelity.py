@@ -22,11 +22,11 @@ from transformers import LogitsProcessor, LogitsProcessorList
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median, ratio
+from kvsweep.cell.run import make_inputs, run_cell
 from kvsweep.grid import Protocol
 from kvsweep.measure.timing import TokenClock
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
-from kvsweep.runner import make_inputs, run_cell
 
 TITLE = "Fidelity: kvsweep's runner against a bare generate loop"
 MODEL, DTYPE, CONTEXT, NEW, BATCH, SEED = "tiny-llama", "float32", 256, 32, 1, 0

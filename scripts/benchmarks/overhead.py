@@ -1,6 +1,6 @@
 """Where a sweep of small cells spends its wall time, with and without prestarted actors.
 
-Runs the same small tiny-llama sweep on CPU through the real path (`kvsweep.cli.main` in a fresh
+Runs the same small tiny-llama sweep on CPU through the real path (`kvsweep.cli.run` in a fresh
 driver process: local Ray, journal, MLflow on sqlite) once with `ray.prestart=0` and once with
 `ray.prestart=1`, interleaved, and splits each sweep's wall time into phases: driver imports, config
 and planning, Ray start, then per cell the critical path (actor process start, imports, model
@@ -58,15 +58,16 @@ def grid(quick: bool) -> list[str]:
 
 # -- the driver process (child): a real sweep with timers around the driver's calls
 def child(out_dir: Path, overrides: list[str]) -> None:
-    from kvsweep.scheduler import process_started_at
+    from kvsweep.cell.actor import process_started_at
 
     marks: dict[str, float] = {"process_started_at": process_started_at()}
     # The imports a sweep makes anyway (torch: a local Ray start counts the machine's GPUs), timed as one phase.
     import torch  # noqa: F401
 
-    import kvsweep.cli
-    import kvsweep.sweep_plan  # noqa: F401
-    from kvsweep import ray_session, scheduler, sink, sweep
+    import kvsweep.cli.run
+    import kvsweep.plan.sweep_plan  # noqa: F401
+    from kvsweep.driver import ray_session, scheduler, sweep
+    from kvsweep.tracking import sink
 
     marks["imports_done_at"] = time.time()
     spans: list[tuple[str, str, float, float]] = []  # (what, cell id or "", start, end)
@@ -236,7 +237,7 @@ def section(results: dict[str, list[dict]], quick: bool) -> Section:
     rounds = len(next(iter(results.values())))
     text = [
         f"{cells} tiny-llama cells on CPU (float32{'' if quick else ' and bfloat16'}, context 256, 32 new tokens, "
-        f"4 caches, warmup 1, repeats {2 if quick else 3}), one cell at a time, through `kvsweep.cli.main` with a "
+        f"4 caches, warmup 1, repeats {2 if quick else 3}), one cell at a time, through `kvsweep.cli.run` with a "
         f"local Ray and sqlite MLflow; each variant run {rounds}× interleaved, medians shown. Seconds of the "
         "sweep's wall time; cell phases are the critical path (a spare's imports that overlap the previous cell "
         "are not counted).",

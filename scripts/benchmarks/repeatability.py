@@ -24,9 +24,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, Section, device, fmt, markdown_table, median
+from kvsweep.cell.run import run_cell
 from kvsweep.grid import Cell, Protocol, expand_grid
-from kvsweep.plan import package_installed, skip_reason
-from kvsweep.runner import run_cell
+from kvsweep.plan.cell_plan import package_installed, skip_reason
 
 TITLE = "Repeatability: the quickstart grid measured three times"
 ROUNDS = 3

@@ -108,3 +108,9 @@ def get_strategy(name: str) -> CacheStrategy:
     if not sep:
         return strategy
     return CacheStrategy(**{**strategy.__dict__, "name": name, "reserve_tokens": int(reserve)})
+
+
+def cache_rank(name: str) -> tuple[int, int]:
+    """Registry order, simplest first (`dynamic` before `static` ...), then the reserved length of `@N`."""
+    base, _, reserve = name.partition("@")
+    return (CACHE_NAMES.index(base) if base in CACHE_NAMES else len(CACHE_NAMES), int(reserve or 0))

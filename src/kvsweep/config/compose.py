@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from kvsweep.config.locations import conf_dir, sweep_dirs
 from kvsweep.config.schema import KvSweepConfig, register_schema
 from kvsweep.config.validate import validate
-from kvsweep.errors import ConfigError
+from kvsweep.errors import ConfigError, first_line
 from kvsweep.redact import redact_text
 
 PRIMARY = "kvsweep"
@@ -40,7 +40,7 @@ def register_sweeps() -> list[str]:
             try:
                 node = OmegaConf.load(path)
             except Exception as exc:
-                raise ConfigError(f"sweep file {path} is not valid YAML: {_first_line(exc)}") from None
+                raise ConfigError(f"sweep file {path} is not valid YAML: {first_line(exc)}") from None
             store.store(group="sweep", name=path.stem, node=node, package="_global_")
             names.append(path.stem)
     return names
@@ -106,7 +106,7 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
         cause = cause.__cause__ or cause.__context__
     if cause is not None:
         key = getattr(cause, "full_key", None) or ""
-        message = _first_line(cause)
+        message = first_line(cause)
         if "not in" in message or "is not in struct" in message:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             allowed = allowed_keys(parent)
@@ -117,7 +117,7 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
         if key.startswith("grid.") and "ListConfig" in message:
             return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
         return f"{key}: {message}" if key else message
-    return _first_line(exc)
+    return first_line(exc)
 
 
 def allowed_keys(prefix: str) -> str:
@@ -128,11 +128,6 @@ def allowed_keys(prefix: str) -> str:
             return "?"
         node = fields[part].default_factory
     return ", ".join(f.name for f in dataclasses.fields(node))
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
 
 
 def save_run_config(composed: Composed) -> None:

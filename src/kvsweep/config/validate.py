@@ -5,7 +5,7 @@ from typing import Any
 from kvsweep.caches import allowed_cache_names, get_strategy
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
-from kvsweep.fault_kinds import FAULTS, PHASES
+from kvsweep.testing.fault_kinds import FAULTS, PHASES
 
 DEVICES = ("auto", "cuda", "cpu")
 RANK_BY = ("tpot_ms", "ttft_ms", "e2e_ms")

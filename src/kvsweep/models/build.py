@@ -9,18 +9,21 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.models.resolve import ModelRef, load_config
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
 INIT_STD = 0.02
 
 
+def torch_dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a grid dtype name (the names and their byte sizes live in `kvsweep.dtypes`)."""
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    return getattr(torch, name)
+
+
 def build_model(ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False) -> PreTrainedModel:
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = torch_dtype_of(dtype)
     if ref.kind == "preset":
         model = _random_model(ref, torch_dtype, device, seed)
     else:

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 from matplotlib.transforms import blended_transform_factory
 
 from kvsweep.model_names import display_names, file_stem
+from kvsweep.report.pareto import draw_pareto
 from kvsweep.report.selection import memory_basis, strategy_label
 from kvsweep.results import OK, CellResult
 
@@ -86,7 +87,7 @@ def _facet_figure(
     _capacity_line(axes[0, 3], results, scale=MIB)
     _physical_limit(axes[0, 2], results)
     _dense_line(axes[1, 0], results)
-    _pareto(axes[1, 2], results, palette, basis)
+    draw_pareto(axes[1, 2], results, palette, basis)
     _legend_panel(axes[1, 3], series, palette)
     return figure
 
@@ -190,49 +191,6 @@ def _dense_line(ax: Axes, results: list[CellResult]) -> None:
         xs = sorted(dense)
         ax.plot(xs, [dense[x] for x in xs], color="black", linestyle="--", linewidth=1.2, label="dense (formula)")
         ax.legend(fontsize=8, loc="upper left")
-
-
-def _pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], basis: str) -> None:
-    """Memory against TPOT for every cell that ran; the frontier joins cells nothing beats on both."""
-    points = [
-        (r.metrics[basis] / MIB, r.metrics["tpot_ms"], r) for r in results if _has(r, basis) and _has(r, "tpot_ms")
-    ]
-    for x, y, r in points:
-        hollow = r.tags.get("kvsweep.contended") == "true"
-        colour = palette[strategy_label(r)]
-        ax.scatter([x], [y], s=40, zorder=3, color="none" if hollow else colour, edgecolors=colour)
-        ax.annotate(str(r.cell["context_length"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
-    by_context: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for x, y, r in points:
-        by_context[int(r.cell["context_length"])].append((x, y))
-    drawn = False
-    for context_points in by_context.values():
-        frontier = pareto_frontier(context_points)
-        if len(frontier) > 1:
-            ax.plot(
-                *zip(*frontier, strict=True),
-                color="grey",
-                linestyle=":",
-                linewidth=1.2,
-                label=None if drawn else "Pareto frontier (per context)",
-            )
-            drawn = True
-    if drawn:
-        ax.legend(fontsize=8)
-    label = "peak GPU memory" if basis == "peak_device_mem_bytes" else "KV cache"
-    ax.set_title(f"{label} vs time per output token (labels: context)")
-    ax.set_xlabel(f"{label} (MiB)")
-    ax.set_ylabel("TPOT (ms)")
-    ax.grid(alpha=0.3)
-
-
-def pareto_frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(memory, latency) points that no other point beats on both, by increasing memory."""
-    frontier: list[tuple[float, float]] = []
-    for x, y in sorted(points):
-        if not frontier or y < frontier[-1][1]:
-            frontier.append((x, y))
-    return frontier
 
 
 def _legend_panel(ax: Axes, series: dict[str, list[CellResult]], palette: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvsweep.caches import CACHE_NAMES
+from kvsweep.caches import cache_rank
 from kvsweep.model_names import display_names
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
 from kvsweep.report.uncertainty import metric_interval, overlaps, ratio_error
@@ -160,9 +160,7 @@ def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
 
 
 def _order(result: CellResult) -> tuple:
-    base = result.cell["cache"].split("@", 1)[0]
-    rank = CACHE_NAMES.index(base) if base in CACHE_NAMES else len(CACHE_NAMES)
-    return (rank, result.cell["cache"], result.cell["compile"])
+    return (*cache_rank(result.cell["cache"]), result.cell["compile"])
 
 
 def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings: Settings) -> Decision:

@@ -5,11 +5,11 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvsweep.grid import Protocol, expand_grid
-from kvsweep.memory_plan import detect_device_bytes
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config, parameter_count
-from kvsweep.plan import PlannedCell, plan_cell
+from kvsweep.plan.cell_plan import PlannedCell, plan_cell
+from kvsweep.plan.memory import detect_device_bytes
 from kvsweep.redact import redact_text
-from kvsweep.table import MIB
+from kvsweep.report.table import MIB
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import csv
 import io
 from collections.abc import Iterable
 
-from kvsweep.caches import CACHE_NAMES
+from kvsweep.caches import cache_rank
 from kvsweep.grid import CELL_FIELDS
 from kvsweep.model_names import display_names
 from kvsweep.results import CellResult
@@ -126,15 +126,12 @@ def results_table(results: Iterable[CellResult]) -> str:
 
 def _order(r: CellResult) -> tuple:
     c = r.cell
-    base, _, reserve = c["cache"].partition("@")
-    cache_rank = CACHE_NAMES.index(base) if base in CACHE_NAMES else len(CACHE_NAMES)
     return (
         c["model"],
         c["dtype"],
         c["batch_size"],
         c["context_length"],
         c["max_new_tokens"],
-        cache_rank,
-        int(reserve or 0),
+        *cache_rank(c["cache"]),
         c["compile"],
     )

@@ -1,4 +1,4 @@
-"""Test-only stand-in cell runners, selected with `testing.runner=kvsweep.stand_ins:FUNCTION`.
+"""Test-only stand-in cell runners, selected with `testing.runner=kvsweep.testing.stand_ins:FUNCTION`.
 
 They exercise the scheduler, placement and logging without loading a model, so scheduling can be
 tested on simulated clusters and measured on 2,000-cell grids.

@@ -80,7 +80,7 @@ class SweepProgress:
         if not self.live:
             yield
             return
-        from kvsweep.progress_live import live_display
+        from kvsweep.driver.progress_live import live_display
 
         with live_display(self) as print_above:
             self._print = print_above

@@ -31,7 +31,8 @@ def report_main(argv: list[str]) -> int:
 
     from kvsweep.redact import redact_uri
     from kvsweep.report.write import ReportContext, settings_from, write_report
-    from kvsweep.tracking import PARENT_ID_TAG, default_tracking_uri, result_from_run, run_url
+    from kvsweep.tracking.client import default_tracking_uri, result_from_run, run_url
+    from kvsweep.tracking.names import PARENT_ID_TAG, SWEEP_TAG
 
     uri = default_tracking_uri(args.tracking_uri)
     client = MlflowClient(tracking_uri=uri)
@@ -51,7 +52,7 @@ def report_main(argv: list[str]) -> int:
     overrides["rank_by"] = args.rank_by
     settings = settings_from({**logged, **{k: v for k, v in overrides.items() if v is not None}})
     links = {r.cell_id: run_url(uri, experiment_id, r.environment["mlflow_run_id"]) for r in results}
-    name = parent.data.tags.get("kvsweep.sweep", "?")
+    name = parent.data.tags.get(SWEEP_TAG, "?")
     context = ReportContext(
         f"kvsweep report: {name} (parent run {parent_id})", settings, links, run_url(uri, experiment_id, parent_id)
     )

@@ -14,30 +14,22 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, Run, RunTag
 
-from kvsweep.mlflow_view import compare_view_query, group_keys_from_config, save_compare_view
 from kvsweep.model_names import short_name
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import CellResult
-
-PARENT_ID_TAG = "mlflow.parentRunId"
-RUN_NAME_TAG = "mlflow.runName"
-SWEEP_KEY_TAG = "kvsweep.sweep_key"
-ENV_TAG_PREFIX = "kvsweep.env."
-REPORT_ARTIFACT_DIR = "report"
-CARRIED_TAGS = (
-    "kvsweep.inferred",
-    "kvsweep.oom_kind",
-    "kvsweep.shape_only",
-    "kvsweep.contended",
-    "kvsweep.contention",
-    "kvsweep.ci_target",
-    "kvsweep.implausible",
-    "kvsweep.cache_class",
-    "kvsweep.low_agreement",
-    "kvsweep.quality",
+from kvsweep.tracking.names import (
+    CARRIED_TAGS,
+    ENV_TAG_PREFIX,
+    INT_PARAMS,
+    PARAM_KEYS,
+    PARENT_ID_TAG,
+    REPORT_DIR,
+    RUN_NAME_TAG,
+    SWEEP_KEY_TAG,
+    SWEEP_TAG,
 )
-INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")
-PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
+from kvsweep.tracking.view import compare_view_query, group_keys_from_config, save_compare_view
+
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries
 # itself with backoff and keeps results in its journal meanwhile. Users can still override these.
 HTTP_DEFAULTS = {
@@ -114,7 +106,7 @@ class SweepTracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=name,
-            tags={"kvsweep.role": "sweep", "kvsweep.sweep": name, SWEEP_KEY_TAG: sweep_key},
+            tags={"kvsweep.role": "sweep", SWEEP_TAG: name, SWEEP_KEY_TAG: sweep_key},
         )
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
         self.client.log_text(run.info.run_id, config_yaml, "config.yaml")
@@ -133,10 +125,10 @@ class SweepTracker:
     def log_report(self, parent_run_id: str, folder: Path) -> None:
         """The report folder as the parent run's `report/` artifacts (HTML, Markdown, plots)."""
         if folder.is_dir():
-            self.client.log_artifacts(parent_run_id, str(folder), REPORT_ARTIFACT_DIR)
+            self.client.log_artifacts(parent_run_id, str(folder), REPORT_DIR)
 
     def save_compare_view(self, parent_run_id: str, sweep: str, groups: list[str]) -> None:
-        """The sweep's saved chart view in the UI, one line per configuration (see mlflow_view.py)."""
+        """The sweep's saved chart view in the UI, one line per configuration (see view.py)."""
         save_compare_view(self.client, self.experiment_id, parent_run_id, sweep, groups)
 
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
@@ -170,7 +162,7 @@ class SweepTracker:
             PARENT_ID_TAG: parent_run_id,
             RUN_NAME_TAG: cell_run_name(cell, model_name),
             "kvsweep.role": "cell",
-            "kvsweep.sweep": sweep,
+            SWEEP_TAG: sweep,
             "kvsweep.cell_id": cell_id,
         }
         tags = {k: redact_text(v) for k, v in tags.items()}

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvsweep.delivery import REPORT_DIR, SWEEP_FILES, ensure_parent, send_result, sync_journal
-from kvsweep.journal import JOURNAL_NAME, Journal, SweepHeader
+from kvsweep.errors import first_line
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
-from kvsweep.tracking import SweepTracker, result_from_run
+from kvsweep.tracking.client import SweepTracker, result_from_run
+from kvsweep.tracking.delivery import SWEEP_FILES, ensure_parent, send_result, sync_journal
+from kvsweep.tracking.journal import JOURNAL_NAME, Journal, SweepHeader
+from kvsweep.tracking.names import REPORT_DIR
 
 MAX_BACKOFF_S = 60.0
 FINAL_ATTEMPTS = 3
@@ -39,7 +41,7 @@ class MlflowSink:
     def _failed(self, exc: BaseException) -> None:
         if not self.down:
             self.say(
-                f"MLflow is not answering ({redact_text(_first_line(exc))}); the sweep goes on, results stay in "
+                f"MLflow is not answering ({redact_text(first_line(exc))}); the sweep goes on, results stay in "
                 f"{self.journal.path} and are retried"
             )
         else:
@@ -164,8 +166,3 @@ class MlflowSink:
             self.tracker.client.set_terminated(self.parent_run_id, "KILLED")
         except Exception as exc:
             self._failed(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:200] if lines else type(exc).__name__

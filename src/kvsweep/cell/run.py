@@ -1,7 +1,7 @@
 """Measure one cell inside its actor: load, cold call, warmups, measured repeats, checks, baseline.
 
-Returns a plain `CellResult`; never touches MLflow. Statistics come from `summarize.py`, the calls
-from `generate_session.py`, the checks of what ran from `cell_checks.py`.
+Returns a plain `CellResult`; never touches MLflow. Statistics come from `measure/summary.py`, the calls
+from `generate_session.py`, the checks of what ran from `checks.py`.
 """
 
 import os
@@ -13,25 +13,26 @@ from typing import Any
 
 import torch
 
-from kvsweep.caches import CacheStrategy, get_strategy
-from kvsweep.cell_checks import cell_tags, check_cache, check_compiled
-from kvsweep.environment import describe_environment
-from kvsweep.estimate import cell_dense_kv_bytes, mean_decode_kv_bytes
-from kvsweep.faults import fault_for
-from kvsweep.generate_session import GenerateSession, MeasuredCall, make_inputs
+from kvsweep.caches import get_strategy
+from kvsweep.cell.checks import cell_tags, check_cache, check_compiled
+from kvsweep.cell.environment import describe_environment
+from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
+from kvsweep.cell.oom import out_of_memory
+from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.grid import Cell, Protocol, cell_id
 from kvsweep.measure.bandwidth import device_bandwidth
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
-from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
 from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
+from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import KvShape, classify, kv_shape
-from kvsweep.plan import package_installed, skip_reason
+from kvsweep.plan.cell_plan import package_installed, skip_reason
+from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, mean_decode_kv_bytes
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
-from kvsweep.summarize import summarize_runs, token_agreement
+from kvsweep.testing.faults import fault_for
 
 MAX_ERROR_CHARS = 500
 
@@ -60,16 +61,11 @@ def run_cell(
     result.environment = describe_environment(protocol.device)
     try:
         _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
-    except torch.OutOfMemoryError as exc:
-        _fail(result, OOM, exc)
-        result.tags["kvsweep.oom_kind"] = "device"
-    except RuntimeError as exc:
-        out_of_memory = "out of memory" in str(exc).lower()
-        _fail(result, OOM if out_of_memory else ERROR, exc)
-        if out_of_memory:
-            result.tags["kvsweep.oom_kind"] = "device" if protocol.device == "cuda" else "host"
     except Exception as exc:
-        _fail(result, ERROR, exc)
+        kind = out_of_memory(exc, protocol.device)
+        _fail(result, OOM if kind else ERROR, exc)
+        if kind:
+            result.tags["kvsweep.oom_kind"] = kind
     return result.to_dict()
 
 
@@ -137,7 +133,7 @@ def _measure(
         check_cache(strategy, run, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
     _record_noise(result, phase, host, sharing if session_on_cuda(device) else None)
-    quality = _quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
+    quality = quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
 
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
     result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
@@ -186,44 +182,6 @@ def _load(
         result.status, result.error, result.metrics = SKIPPED, reason, {}
         return None
     return model, shape
-
-
-def _quality_or_nothing(
-    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, result: CellResult
-) -> dict[str, float]:
-    """The quality check runs after the measurement: if its extra calls do not fit (a dynamic baseline
-    where only a lean cache fits is the very case), the cell keeps its numbers and says why."""
-    try:
-        return _quality(session, strategy, tokens, vocab, result.environment)
-    except (torch.OutOfMemoryError, RuntimeError) as exc:
-        if not isinstance(exc, torch.OutOfMemoryError) and "out of memory" not in str(exc).lower():
-            raise
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        result.tags["kvsweep.quality"] = f"not measured: the quality check ran out of memory ({type(exc).__name__})"
-        return {}
-
-
-def _quality(
-    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, environment: dict[str, Any]
-) -> dict[str, float]:
-    """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL.
-
-    Both compare the strategy as configured (a compiled cell's compiled forward): the question is what
-    serving with this cache would produce. The dynamic baseline always runs eager.
-    """
-    if strategy.name == "dynamic":
-        return token_agreement(tokens, tokens)
-    dynamic = get_strategy("dynamic")
-    rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
-    with session.eager():
-        baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)
-    prompt_length = session.inputs.shape[1]
-    compiled_before = session.compiled_calls
-    kl = teacher_forced_kl(lambda p: session.generate_with(strategy, p), baseline, reference, prompt_length)
-    compiled = session.compiled_calls > compiled_before or (session.cell.compile and session.cuda)
-    environment["quality_forward"] = "compiled" if compiled else "eager"
-    return {**token_agreement(tokens, baseline), **kl}
 
 
 def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 import sys
 
+from kvsweep.cli.hydra_flags import CommandLine, CommandLineError, parse_command_line
 from kvsweep.errors import ClusterError, ConfigError
-from kvsweep.hydra_flags import CommandLine, CommandLineError, parse_command_line
 
 USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep (default: quickstart)
        python -m kvsweep dry_run=true [...]              print the grid and plan, start nothing
@@ -22,11 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + config_help())
         return 0
     if args and args[0] == "sync":
-        from kvsweep.sync_cli import sync_main
+        from kvsweep.cli.sync import sync_main
 
         return sync_main(args[1:])
     if args and args[0] == "report":
-        from kvsweep.report_cli import report_main
+        from kvsweep.cli.report import report_main
 
         return report_main(args[1:])
     try:
@@ -62,8 +62,8 @@ def run_command_line(line: CommandLine) -> int:
 
 def run(overrides: list[str]) -> int:
     from kvsweep.config.compose import compose_config, save_run_config
-    from kvsweep.sweep import run_sweep
-    from kvsweep.sweep_plan import dry_run
+    from kvsweep.driver.sweep import run_sweep
+    from kvsweep.plan.sweep_plan import dry_run
 
     composed = compose_config(overrides)
     if composed.config["dry_run"]:

@@ -14,7 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from kvsweep.progress import SweepProgress, clock
+from kvsweep.driver.progress import SweepProgress, clock
 
 REFRESH_PER_S = 4
 

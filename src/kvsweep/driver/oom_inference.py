@@ -7,8 +7,8 @@ instead of being run. Jobs are ordered small to large so this can work.
 
 from typing import Any
 
+from kvsweep.driver.scheduler import Job
 from kvsweep.results import OOM, CellResult
-from kvsweep.scheduler import Job
 
 SIZE_AXES = ("batch_size", "context_length", "max_new_tokens")
 FAMILY = ("model", "dtype", "cache", "compile")

@@ -5,10 +5,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsweep.caches import get_strategy
-from kvsweep.estimate import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.grid import Cell
-from kvsweep.memory_plan import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
 from kvsweep.models.resolve import KvShape
+from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
+from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
 
 
 @dataclass(frozen=True)

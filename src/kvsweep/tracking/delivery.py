@@ -9,20 +9,20 @@ from pathlib import Path
 
 from mlflow.entities import Run
 
-from kvsweep.credentials import sync_tracking_uri
-from kvsweep.journal import Journal, SweepHeader
-from kvsweep.models.resolve import classify
-from kvsweep.report.selection import Settings
+from kvsweep.config.schema import ReportConfig
+from kvsweep.models.presets import PRESETS
 from kvsweep.results import CellResult
-from kvsweep.tracking import SweepTracker
+from kvsweep.tracking.client import SweepTracker
+from kvsweep.tracking.credentials import sync_tracking_uri
+from kvsweep.tracking.journal import Journal, SweepHeader
+from kvsweep.tracking.names import REPORT_DIR
 
 SWEEP_FILES = ("plan.txt", "results.csv", "results.txt")  # logged on the parent run from the run folder
-REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
 
 
 def shape_only_tags(model: str) -> dict[str, str]:
     """Random-weight presets measure shapes; their quality numbers say little about trained weights."""
-    return {"kvsweep.shape_only": str(classify(model).kind == "preset").lower()}
+    return {"kvsweep.shape_only": str(model in PRESETS).lower()}  # presets win over paths (models.resolve)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
@@ -30,7 +30,7 @@ def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
     agreement = result.metrics.get("token_agreement")
     if agreement is None:
         return {}
-    threshold = float(sweep_params.get("report.min_token_agreement", Settings().min_token_agreement))
+    threshold = float(sweep_params.get("report.min_token_agreement", ReportConfig().min_token_agreement))
     return {"kvsweep.low_agreement": str(agreement < threshold).lower()}
 
 

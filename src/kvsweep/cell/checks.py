@@ -9,7 +9,7 @@
 from typing import Any
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.generate_session import GenerateSession, MeasuredCall
+from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.grid import Cell
 from kvsweep.measure.bandwidth import Bandwidth
 from kvsweep.measure.cache_identity import mismatch

@@ -15,12 +15,12 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.faults import InjectFault
 from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
 from kvsweep.measure.kv_bytes import cache_bytes
 from kvsweep.measure.memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
+from kvsweep.testing.faults import InjectFault
 
 
 @dataclass

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
 from kvsweep.dtypes import DTYPE_BYTES
-from kvsweep.estimate import cell_stored_kv_bytes, dense_kv_bytes
 from kvsweep.grid import Cell
 from kvsweep.models.resolve import KvShape
+from kvsweep.plan.kv_bytes import cell_stored_kv_bytes, dense_kv_bytes
 
 GIB = 1024**3
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.

@@ -1,0 +1,71 @@
+"""The sweep's last stage: the results table and CSV, the report, closing the sink, the closing lines.
+
+A report failure is reported and swallowed: every measurement is already journaled and in MLflow.
+"""
+
+from typing import TYPE_CHECKING
+
+from kvsweep.redact import redact_uri
+from kvsweep.report.table import results_csv, results_table
+from kvsweep.results import RESULT_STATUSES
+from kvsweep.tracking.names import REPORT_DIR
+
+if TYPE_CHECKING:
+    from kvsweep.driver.sweep import SweepRun
+
+
+def finish(sweep: "SweepRun") -> int:
+    """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
+    from kvsweep.tracking.client import compare_url, runs_url
+
+    results, run_dir, say, sink = sweep.results, sweep.run_dir, sweep.say, sweep.sink
+    assert sweep.progress is not None
+    table = results_table(results)
+    (run_dir / "results.csv").write_text(results_csv(results))
+    (run_dir / "results.txt").write_text(table)
+    counts = sweep.progress.counts_by_status()
+    sweep.journal.write_end("FINISHED", counts)
+    selection = _write_report(sweep)
+    unsent = sink.close("FINISHED", counts)
+    say(f"\n{table}\n")
+    if selection:
+        say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
+    uri = sweep.tracking_uri
+    say(f"MLflow: {redact_uri(uri)}  experiment {sweep.header.experiment!r}  parent run {sink.parent_run_id}")
+    if unsent:
+        say(
+            f"  MLflow could not take every result; they are safe in {sweep.journal.path}. Send them with:\n"
+            f"  python -m kvsweep sync {run_dir}"
+        )
+    else:
+        if not uri.startswith(("http://", "https://")):
+            say(f"  mlflow ui --backend-store-uri {redact_uri(uri)}")
+        say(f"  runs: {runs_url(uri, sink.tracker.experiment_id)}")
+        say(f"  compare strategies: {compare_url(uri, sink.tracker.experiment_id, sink.parent_run_id)}")
+    say(f"  local copy: {run_dir}")
+    return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
+
+
+def _write_report(sweep: "SweepRun") -> str:
+    """The report folder in the run folder (the sink logs it on the parent); returns the short selection."""
+    results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.sink, sweep.say
+    from kvsweep.report.write import ReportContext, settings_from, write_report
+    from kvsweep.tracking.client import run_url
+
+    links, parent_url = {}, ""
+    try:
+        experiment_id, uri = sink.tracker.experiment_id, sink.tracker.tracking_uri
+        links = {cid: run_url(uri, experiment_id, rid) for cid, rid in sink.cell_runs.items()}
+        if sink.parent_run_id:
+            parent_url = run_url(uri, experiment_id, sink.parent_run_id)
+    except Exception:  # MLflow down: the report goes without links
+        pass
+    title = f"kvsweep report: {cfg['name']}" + (f" (parent run {sink.parent_run_id})" if sink.parent_run_id else "")
+    try:
+        report = write_report(
+            results, run_dir / REPORT_DIR, ReportContext(title, settings_from(cfg["report"]), links, parent_url)
+        )
+    except Exception as exc:
+        say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")
+        return ""
+    return report.short_form
