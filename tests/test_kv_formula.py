@@ -6,17 +6,16 @@ where a residual-window guess goes wrong; every CPU strategy is run for real on 
 
 import pytest
 
-from kvsweep.caches import CACHE_NAMES, get_strategy
+from kvsweep.caches import cache_names, get_strategy
 from kvsweep.cell.run import run_cell
 from kvsweep.grid import Cell
 from kvsweep.models.resolve import classify, kv_shape, load_config
 from kvsweep.plan.cell_plan import plan_cell
-from kvsweep.plan.kv_bytes import stored_kv_bytes
 from kvsweep.plan.memory import estimate_peak
 
 PROTO = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cpu", "threads": 1}
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
-CPU_CACHES = [n for n in CACHE_NAMES if not n.startswith("offloaded")] + ["static@300"]
+CPU_CACHES = [n for n in cache_names() if not get_strategy(n).requires.cuda] + ["static@300"]
 # (context, new tokens, batch, dtype)
 SHAPES = [(100, 32, 1, "bfloat16"), (64, 32, 2, "bfloat16"), (130, 140, 1, "float32")]
 
@@ -46,9 +45,9 @@ def test_planner_kv_bytes_equal_the_measured_cache_for_every_strategy_and_shape(
 def test_quantized_bytes_measured_by_hand_in_the_issue():
     """quanto int4, bf16: 60,544 B (context 100/new 32), 100,352 (64/32, batch 2), 167,168 (200/200)."""
     quanto = get_strategy("quantized-quanto-int4")
-    assert stored_kv_bytes(quanto, SHAPE, 1, "bfloat16", prompt=100, decoded=31) == 60_544
-    assert stored_kv_bytes(quanto, SHAPE, 2, "bfloat16", prompt=64, decoded=31) == 100_352
-    assert stored_kv_bytes(quanto, SHAPE, 1, "bfloat16", prompt=200, decoded=199) == 167_168
+    assert quanto.held_bytes(SHAPE, 1, "bfloat16", prompt=100, decoded=31) == 60_544
+    assert quanto.held_bytes(SHAPE, 2, "bfloat16", prompt=64, decoded=31) == 100_352
+    assert quanto.held_bytes(SHAPE, 1, "bfloat16", prompt=200, decoded=199) == 167_168
 
 
 def test_decode_bytes_per_token_are_weights_and_the_cache_at_the_mean_decode_length(measured):

@@ -6,10 +6,9 @@ bytes), quantized payloads against their packed layout, timings against their ow
 
 import pytest
 
-from kvsweep.caches import CACHE_NAMES, get_strategy
+from kvsweep.caches import cache_names, get_strategy
 from kvsweep.cell.run import run_cell
 from kvsweep.models.resolve import classify, kv_shape, load_config
-from kvsweep.plan.kv_bytes import stored_kv_bytes
 
 PROTO = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
@@ -33,7 +32,7 @@ def dense(tokens, batch, dtype_bytes):
 
 @pytest.fixture(scope="module")
 def results():
-    names = [n for n in CACHE_NAMES if not n.startswith("offloaded")] + ["static@2048"]
+    names = [n for n in cache_names() if not get_strategy(n).requires.cuda] + ["static@2048"]
     return {name: run_cell(cell(name), PROTO) for name in names}
 
 
@@ -64,7 +63,7 @@ def test_quantized_stores_packed_codes(results):
     for name in ("quantized-hqq-int4", "quantized-quanto-int4", "quantized-hqq-int2", "quantized-quanto-int2"):
         stored = results[name]["metrics"]["kv_cache_bytes"]
         assert stored < 0.35 * d, name
-        assert stored == stored_kv_bytes(get_strategy(name), SHAPE, 2, "float32", prompt=512, decoded=15), name
+        assert stored == get_strategy(name).held_bytes(SHAPE, 2, "float32", prompt=512, decoded=15), name
     assert results["quantized-hqq-int8"]["metrics"]["kv_cache_bytes"] < 0.5 * d
 
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from kvsweep.caches import CacheStrategy, get_strategy
+from kvsweep.caches import BASELINE, CacheStrategy, get_strategy
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
@@ -36,9 +36,9 @@ def _quality(
     Both compare the strategy as configured (a compiled cell's compiled forward): the question is what
     serving with this cache would produce. The dynamic baseline always runs eager.
     """
-    if strategy.name == "dynamic":
+    if strategy.name == BASELINE:
         return token_agreement(tokens, tokens)
-    dynamic = get_strategy("dynamic")
+    dynamic = get_strategy(BASELINE)
     rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
     with session.eager():
         baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)

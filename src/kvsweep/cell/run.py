@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kvsweep.caches import get_strategy
+from kvsweep.caches import CacheStrategy, get_strategy, register
 from kvsweep.cell.checks import cell_tags, check_cache, check_compiled
 from kvsweep.cell.environment import describe_environment
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
@@ -49,11 +49,15 @@ def run_cell(
     trust_remote_code: bool = False,
     wait_idle_gpu_s: float = 0.0,
     on_phase: Callable[[str], None] | None = None,
+    strategies: list[CacheStrategy] | None = None,
 ) -> dict[str, Any]:
     """Entry point for the actor: plain dicts in, a plain dict out.
 
     `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
+    `strategies` are those the driver registered beyond the built-ins: this process learns them first.
     """
+    for strategy in strategies or []:
+        register(strategy)
     cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
     torch.set_num_threads(resolve_threads(protocol.threads))
     warnings.filterwarnings("ignore")

@@ -3,6 +3,7 @@
 import os
 from dataclasses import dataclass, field
 
+from kvsweep.caches import CacheStrategy
 from kvsweep.errors import ClusterError
 
 # Ray 2.60 enables token auth and usage stats for local clusters and says so loudly.
@@ -120,3 +121,20 @@ def shutdown(session: RaySession) -> None:
         import ray
 
         ray.shutdown()
+
+
+def send_strategies_by_value(strategies: list[CacheStrategy]) -> list[CacheStrategy]:
+    """Strategies registered in the driver travel to each actor with their code, not by module name.
+
+    A cell's fresh process can import kvsweep but not necessarily the module that registered a
+    strategy (a test file, a notebook, a script): its byte accounting is pickled by value.
+    """
+    import sys
+
+    import ray.cloudpickle
+
+    for strategy in strategies:
+        module = sys.modules.get(strategy.stored_bytes.__module__)
+        if module is not None and not module.__name__.startswith(("kvsweep.", "__main__")):
+            ray.cloudpickle.register_pickle_by_value(module)
+    return strategies

@@ -67,7 +67,7 @@ class CellScheduler:
         testing: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
-        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s)."""
+        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies)."""
         self.protocol = protocol
         self.limits = limits
         self.testing = testing or {}

@@ -167,6 +167,8 @@ class SweepRun:
 
     def schedule(self, jobs: list["Job"]) -> int | None:
         """Runs the queued cells; on SIGINT/SIGTERM kills them, keeps what finished, returns the exit code."""
+        from kvsweep.caches import registered_beyond_built_ins
+        from kvsweep.driver.ray_session import send_strategies_by_value
         from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
         assert self.progress is not None
@@ -183,6 +185,7 @@ class SweepRun:
         options = {
             "trust_remote_code": self.cfg["trust_remote_code"],
             "wait_idle_gpu_s": self.cfg["measure"]["wait_for_idle_gpu_s"],
+            "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         }
         scheduler = CellScheduler(self.protocol.to_dict(), limits, self.cfg["testing"], options)
 

@@ -64,10 +64,11 @@ def plan_cell(
 
 def skip_reason(cell: Cell, device: str, shape: KvShape | None, is_installed: Callable[[str], bool]) -> str | None:
     strategy = get_strategy(cell.cache)
-    if strategy.needs_cuda and device != "cuda":
+    needs = strategy.requires
+    if needs.cuda and device != "cuda":
         return f"{strategy.base_name} needs CUDA; cells run on {device}"
-    if strategy.needs_package and not is_installed(strategy.needs_package):
-        return f"{strategy.name} needs the '{strategy.needs_package}' package (pip install 'kvsweep[quantized]')"
+    if needs.package and not is_installed(needs.package):
+        return f"{strategy.name} needs the '{needs.package}' package ({needs.install_hint()})"
     if shape is not None and shape.max_positions is not None:
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
         if needed > shape.max_positions:

@@ -9,15 +9,15 @@ token's logits, and the per-layer K/V copies that concatenation and dequantizati
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
+from kvsweep.caches.accounting import dense_kv_bytes
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.resolve import KvShape
-from kvsweep.plan.kv_bytes import cell_stored_kv_bytes, dense_kv_bytes
+from kvsweep.plan.kv_bytes import cell_stored_kv_bytes
 
 GIB = 1024**3
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
 CUDA_CONTEXT_BYTES = 1 * GIB
-OFFLOADED_DEVICE_LAYERS = 2  # the layer in use and the one being prefetched
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,7 @@ class MemoryEstimate:
 def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameters: int) -> MemoryEstimate:
     bytes_per = DTYPE_BYTES[cell.dtype]
     tokens = cell.cached_tokens
-    stored = cell_stored_kv_bytes(cell, shape)
-    if strategy.offloading:  # only a couple of layers live on the device at a time
-        stored = stored * OFFLOADED_DEVICE_LAYERS // max(shape.layers, 1)
+    stored = strategy.kv_device_bytes(cell_stored_kv_bytes(cell, shape), shape.layers)
     one_layer_kv = dense_kv_bytes(shape, tokens, cell.batch_size, cell.dtype) // max(shape.layers, 1)
     rows = cell.batch_size * cell.context_length  # prefill processes every prompt token at once
     activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * bytes_per

@@ -2,38 +2,37 @@
 
 Roll back one setting at a time: first the cache implementation (back to dynamic), then separate
 cache problems from model/input problems with use_cache=False, and for OOM shrink the request
-before reaching for offloading.
+before reaching for offloading. Which step applies to which strategy is the registry's fact
+(`CacheStrategy.rollback`); a cache unknown here (a past run's) gets the dense family's advice.
 """
 
+from kvsweep.caches import find_strategy
+from kvsweep.caches.strategy import ROLLBACK, STATIC_ERROR, Rollback
 from kvsweep.results import CRASHED, ERROR, OOM, SKIPPED, TIMEOUT
+
+
+def _rollback(cache: str) -> Rollback:
+    strategy = find_strategy(cache)
+    return strategy.rollback if strategy is not None else ROLLBACK["dense"]
 
 
 def failure_advice(cache: str, compiled: bool, status: str, error: str) -> str:
     """One sentence for a strategy that did not produce numbers."""
-    base = cache.split("@", 1)[0]
+    rollback = _rollback(cache)
     if status == OOM:
-        if base.startswith("offloaded"):
-            return "OOM even offloaded: reduce max_new_tokens, context or batch; then try a quantized cache"
-        if base.startswith("quantized"):
-            return "OOM even quantized: reduce max_new_tokens, context or batch, or use a larger GPU"
-        return "OOM: reduce max_new_tokens, context or batch, then try offloaded"
+        return rollback.on_oom
     if status == SKIPPED:
         return f"not run: {error}" if error else "not run"
-    if status == ERROR and (compiled or base in ("static", "offloaded_static")):
-        return "failed: drop static/compile, return to dynamic, then check the fixed length and model support"
-    if status in (ERROR, TIMEOUT, CRASHED):
-        return (
-            "failed: confirm dynamic works on these inputs, then try no_cache on the same inputs to separate "
-            "the cache from model/input problems (traceback in the cell's MLflow run)"
-        )
+    if status == ERROR:
+        return STATIC_ERROR if compiled else rollback.on_error
+    if status in (TIMEOUT, CRASHED):
+        return ROLLBACK["dense"].on_error
     return ""
 
 
 def slow_quantized_advice(cache: str, slower_than_dynamic: bool, dynamic_ok: bool) -> str:
     """The brief: a quantized cache is a memory card, not a speed-up; not the default when memory is ample."""
-    if cache.startswith("quantized") and slower_than_dynamic and dynamic_ok:
-        return "slower than dynamic and dynamic fits: do not make a quantized cache the default here"
-    return ""
+    return _rollback(cache).when_slower_than_dynamic if slower_than_dynamic and dynamic_ok else ""
 
 
 def quality_advice(agreement: float, threshold: float) -> str:

@@ -1,5 +1,6 @@
 """The selection table as Markdown (selection.md, logged on the parent run) and as terminal lines."""
 
+from kvsweep.caches import BASELINE
 from kvsweep.report.selection import MEMORY_LABELS, Decision, Entry, cost_text
 
 MIB = 1024 * 1024
@@ -106,7 +107,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     _with_interval(m, "tpot_ms") if e.status == "ok" else "-",
                     _with_interval(m, "ttft_ms") if e.status == "ok" else "-",
                     _num(e.memory, MIB) if e.status == "ok" else "-",
-                    cost_text(e) or ("baseline" if e.label == "dynamic" and e.status == "ok" else "-"),
+                    cost_text(e) or ("baseline" if e.label == BASELINE and e.status == "ok" else "-"),
                     _num(m.get("token_agreement")) if e.status == "ok" else "-",
                     f"{m['kl_divergence']:.2e}" if e.status == "ok" and "kl_divergence" in m else "-",
                     "; ".join(notes),

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvsweep.caches import cache_rank
+from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.model_names import display_names
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
 from kvsweep.report.uncertainty import metric_interval, overlaps, ratio_error
@@ -107,7 +107,7 @@ class Decision:
         """The cells the decision rests on: the fastest and its runner-up (or all the tied), and dynamic."""
         eligible = sorted((e for e in self.entries if e.eligible), key=lambda e: e.speed or 0.0)
         cells = self.tied or eligible[:2]
-        dynamic = [e for e in self.entries if e.label == "dynamic" and e.status == OK and e not in cells]
+        dynamic = [e for e in self.entries if e.label == BASELINE and e.status == OK and e not in cells]
         return [*cells, *dynamic]
 
 
@@ -165,13 +165,13 @@ def _order(result: CellResult) -> tuple:
 
 def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings: Settings) -> Decision:
     entries = [_entry(r, basis, settings) for r in sorted(results, key=_order)]
-    dynamic = next((e for e in entries if e.label == "dynamic" and e.status == OK), None)
+    dynamic = next((e for e in entries if e.label == BASELINE and e.status == OK), None)
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:
             entry.deltas = _deltas(entry.result, dynamic.result, basis)
             entry.errors = _errors(entry.result, dynamic.result)
             slower = entry.deltas.get(settings.rank_by, 0.0) > 0
-            entry.advice = entry.advice or slow_quantized_advice(entry.label, slower, True)
+            entry.advice = entry.advice or slow_quantized_advice(entry.result.cell["cache"], slower, True)
     decision = Decision(key, entries, basis, settings)
     eligible = sorted((e for e in entries if e.eligible), key=lambda e: e.speed)
     if eligible:

@@ -1,0 +1,125 @@
+"""What a KV cache strategy is: every fact the planner, the cell, the report and the advice read.
+
+A strategy names how `generate` is asked for it, what it needs to run, how it holds its bytes, what
+cache object it must produce, and which rollback advice applies to it. Nothing else in kvsweep
+re-derives any of that from the strategy's name.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
+
+Family = Literal["dense", "static", "offloaded", "quantized", "none"]
+RESERVE_SEPARATOR = "@"
+
+
+class KvDims(Protocol):
+    """The model shape the byte accounting needs (`models.resolve.KvShape` is one)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+# (strategy, shape, batch, dtype, prompt tokens, decoded tokens) -> bytes the cache holds
+StoredBytes = Callable[["CacheStrategy", KvDims, int, str, int, int], int]
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a strategy needs before it can run; a cell that lacks it is skipped, saying what to install."""
+
+    cuda: bool = False
+    package: str | None = None  # importable module
+    extra: str | None = None  # kvsweep's pip extra that brings the package
+
+    def install_hint(self) -> str:
+        return f"pip install 'kvsweep[{self.extra}]'" if self.extra else f"pip install {self.package}"
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """The domain brief's rollback order (seeds/), as it applies to one family of strategies."""
+
+    on_oom: str
+    on_error: str = (
+        "failed: confirm dynamic works on these inputs, then try no_cache on the same inputs to separate "
+        "the cache from model/input problems (traceback in the cell's MLflow run)"
+    )
+    when_slower_than_dynamic: str = ""  # said when it is slower than a dynamic cache that also fits
+
+
+_OOM_SHRINK = "OOM: reduce max_new_tokens, context or batch, then try offloaded"
+STATIC_ERROR = "failed: drop static/compile, return to dynamic, then check the fixed length and model support"
+
+ROLLBACK: dict[Family, Rollback] = {
+    "dense": Rollback(_OOM_SHRINK),
+    "static": Rollback(_OOM_SHRINK, on_error=STATIC_ERROR),
+    "offloaded": Rollback("OOM even offloaded: reduce max_new_tokens, context or batch; then try a quantized cache"),
+    "quantized": Rollback(
+        "OOM even quantized: reduce max_new_tokens, context or batch, or use a larger GPU",
+        when_slower_than_dynamic="slower than dynamic and dynamic fits: do not make a quantized cache the default here",
+    ),
+    "none": Rollback(_OOM_SHRINK),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheStrategy:
+    name: str
+    family: Family
+    implementation: str | None  # `cache_implementation` for generate; None means use_cache=False
+    stored_bytes: StoredBytes  # the bytes it holds (caches/accounting.py), checked against real caches
+    # What `generate` must hand back (checked on every ok cell: a silent fallback in transformers must
+    # never be logged under this strategy's name). None: no cache object at all.
+    cache_class: str | None = None
+    layer_class: str | None = None
+    requires: Requirements = Requirements()
+    backend: str | None = None  # quantized backend name for `cache_config`
+    nbits: int | None = None
+    preallocates: bool = False  # static layout: the cache is allocated at its full length up front
+    reserve_tokens: int | None = None  # static@N: tokens reserved whatever the request needs
+    device_layers: int | None = None  # layers kept on the device at a time (offloading); None: all
+
+    @property
+    def offloading(self) -> bool:
+        return self.device_layers is not None
+
+    @property
+    def compilable(self) -> bool:
+        return self.preallocates
+
+    @property
+    def base_name(self) -> str:
+        return self.name.split(RESERVE_SEPARATOR, 1)[0]
+
+    @property
+    def rollback(self) -> Rollback:
+        """The family's advice; any preallocating layout fails like a static one (fixed length, compile)."""
+        own = ROLLBACK[self.family]
+        return replace(own, on_error=STATIC_ERROR) if self.preallocates else own
+
+    def reserving(self, tokens: int) -> "CacheStrategy":
+        """This strategy as `name@tokens`: a static layout reserving `tokens` whatever the request needs."""
+        return replace(self, name=f"{self.name}{RESERVE_SEPARATOR}{tokens}", reserve_tokens=tokens)
+
+    def held_bytes(self, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
+        """Bytes the cache holds after the prompt and `decoded` decode steps (offloaded: host plus device)."""
+        return self.stored_bytes(self, shape, batch, dtype, prompt, decoded)
+
+    def kv_device_bytes(self, stored: int, layers: int) -> int:
+        """Of the `stored` bytes, those on the device: all, or `device_layers` layers' worth when offloading."""
+        if self.device_layers is None:
+            return stored
+        return stored * self.device_layers // max(layers, 1)
+
+    def generation_options(self) -> dict[str, Any]:
+        """Fresh `GenerationConfig` fields for one call (generate mutates `cache_config` in place)."""
+        if self.implementation is None:
+            return {"use_cache": False}
+        kwargs: dict[str, Any] = {"cache_implementation": self.implementation}
+        if self.backend is not None:
+            kwargs["cache_config"] = {"backend": self.backend, "nbits": self.nbits}
+        if self.reserve_tokens is not None:
+            kwargs["max_cache_len"] = self.reserve_tokens
+        return kwargs
