@@ -66,8 +66,8 @@ def test_sweep_shows_display_names_and_keeps_full_references(run_sweep, two_loca
     assert "local-llama (a) float32 bs1 ctx64 new4: fastest dynamic" in run.out  # the selection lines
     progress = [line for line in run.out.splitlines() if "| ok: " in line]  # no TTY: a line per finished cell
     assert sorted(re.search(r"\| ok: (.*) tpot", line).group(1) for line in progress) == [
-        "dynamic ctx=64 bs=1 float32 local-llama (a)",
-        "dynamic ctx=64 bs=1 float32 local-llama (b)",
+        "dynamic ctx64 bs1 float32 local-llama (a)",
+        "dynamic ctx64 bs1 float32 local-llama (b)",
     ]
 
     report = run.run_dir / "report"

@@ -45,10 +45,10 @@ def test_live_display_shows_running_cells_counts_and_eta():
     raw = stream.getvalue()
     assert "\x1b[2K" in raw or "\x1b[1A" in raw  # redrawn in place, not appended
     text = ANSI.sub("", raw)
-    assert re.search(r"running static ctx=64 bs=1 float32 local-llama\s+0:00:01", text), text
+    assert re.search(r"running static ctx64 bs1 float32 local-llama\s+0:00:01", text), text
     assert "[0/4]" in text and "running 2 | left 2" in text and "ETA ?" in text  # before any cell finished
     assert re.search(r"\[2/4\] ok 1 error 1 \| running 0 \| left 2 \| 0:00:0\d elapsed \| ETA 0:00:0\d", text), text
-    assert "| error: static ctx=64 bs=1 float32 local-llama boom" in text  # failures get a line above
+    assert "| error: static ctx64 bs1 float32 local-llama boom" in text  # failures get a line above
     assert "| ok:" not in text  # a finished ok cell is in the counts, not a line of its own
     assert "MLflow is not answering" in text
 
@@ -66,8 +66,8 @@ def test_without_a_terminal_each_finished_cell_is_one_plain_line():
     assert not ANSI.search(stream.getvalue())
     assert len(lines) == 2
     assert lines[0].startswith("[1/2] ok 1 | running 0 | left 1")
-    assert lines[0].endswith("| ok: dynamic ctx=64 bs=1 float32 local-llama tpot 2.00 ms")
-    assert lines[1].endswith("| oom: static ctx=128 bs=1 float32 local-llama CUDA out of memory")
+    assert lines[0].endswith("| ok: dynamic ctx64 bs1 float32 local-llama tpot 2.00 ms")
+    assert lines[1].endswith("| oom: static ctx128 bs1 float32 local-llama CUDA out of memory")
 
 
 def _run_on_a_terminal(args: list[str], cwd, env) -> tuple[int, str]:
@@ -107,7 +107,7 @@ def test_a_sweep_on_a_terminal_draws_the_live_display(tmp_path):
     text = ANSI.sub("", raw)
     assert code == 0, text[-3000:]
     assert "━" in raw and "\x1b[2K" in raw  # rich's bar, redrawn in place
-    assert re.search(r"running (dynamic|static) ctx=64 bs=1 float32 tiny-llama\s+0:00:\d\d", text), text[-3000:]
+    assert re.search(r"running (dynamic|static) ctx64 bs1 float32 tiny-llama\s+0:00:\d\d", text), text[-3000:]
     assert re.search(r"\[2/2\] ok 2 \| running 0 \| left 0", text), text[-3000:]
     assert "| ok:" not in text  # no appended line per cell
     assert "Selection (fastest by tpot_ms" in text  # the rest of the output as usual

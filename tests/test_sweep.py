@@ -9,6 +9,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from conftest import cell_runs, free_port, start_mlflow_server, statuses, stop
+from kvsweep import names
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
 
@@ -77,6 +78,13 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         assert len(samples["samples"]["repeats"]) == run.data.metrics["repeats"]  # raw samples behind the median
         assert samples["environment"]["torch_version"]
         assert samples["environment"]["niceness"] == 0  # normal priority; Ray's own default is nice 15
+        # Everything logged is declared in the one vocabulary the report reads with (kvsweep.names).
+        assert set(run.data.metrics) <= set(names.CELL_METRICS), set(run.data.metrics) - set(names.CELL_METRICS)
+        declared_tags = {*names.CARRIED_TAGS, *vars(names.RunTag).values()}
+        logged_tags = {
+            t for t in run.data.tags if not t.startswith((names.ENV_TAG_PREFIX, "mlflow.user", "mlflow.source"))
+        }
+        assert logged_tags <= declared_tags, logged_tags - declared_tags
     skipped = by_cache["offloaded"]
     assert skipped.data.tags["kvsweep.status"] == "skipped" and "CUDA" in skipped.data.tags["kvsweep.error"]
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id)}

@@ -3,10 +3,12 @@
 import hashlib
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvsweep.caches import get_strategy
+from kvsweep.model_names import short_name
 
 CELL_FIELDS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
 
@@ -28,11 +30,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        compiled = " compiled" if self.compile else ""
-        return (
-            f"{self.model} {self.dtype} ctx={self.context_length} bs={self.batch_size} "
-            f"new={self.max_new_tokens} {self.cache}{compiled}"
-        )
+        return cell_label(self.to_dict())
 
     @property
     def cached_tokens(self) -> int:
@@ -74,6 +72,20 @@ class Protocol:
             "max_duration_s": 0.0,
         }
         return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
+
+
+def strategy_label(cell: Mapping[str, Any]) -> str:
+    """`static+compile`: the strategy as a cell runs it, the name a report row and a run name start with."""
+    return str(cell["cache"]) + ("+compile" if cell["compile"] else "")
+
+
+def cell_label(cell: Mapping[str, Any], model_name: str = "") -> str:
+    """`static+compile ctx64 bs1 float32 local-llama`: the cell's MLflow run name, progress line and plan line.
+
+    The model by its display name (model_names.py); the run name is part of the MLflow contract.
+    """
+    model = model_name or short_name(str(cell["model"]))
+    return f"{strategy_label(cell)} ctx{cell['context_length']} bs{cell['batch_size']} {cell['dtype']} {model}"
 
 
 def cell_id(cell: Cell, protocol: Protocol) -> str:

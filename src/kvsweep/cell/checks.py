@@ -15,6 +15,7 @@ from kvsweep.measure.bandwidth import Bandwidth
 from kvsweep.measure.cache_identity import mismatch
 from kvsweep.measure.decode_bound import implausible
 from kvsweep.measure.memory import HWM
+from kvsweep.names import ResultTag
 
 
 class WrongCacheError(Exception):
@@ -45,7 +46,7 @@ def check_compiled(strategy: CacheStrategy, session: GenerateSession) -> int:
 def cell_tags(runs: list[MeasuredCall], metrics: dict[str, float], bandwidth: Bandwidth) -> dict[str, Any]:
     methods = sorted({run.peak.host_method for run in runs})
     return {
-        "kvsweep.cache_class": runs[-1].identity.tag,
-        "kvsweep.implausible": str(implausible(metrics, bandwidth)).lower(),
-        "kvsweep.host_peak": HWM if methods == [HWM] else "; ".join(m for m in methods if m != HWM),
+        ResultTag.CACHE_CLASS: runs[-1].identity.tag,
+        ResultTag.IMPLAUSIBLE: str(implausible(metrics, bandwidth)).lower(),
+        ResultTag.HOST_PEAK: HWM if methods == [HWM] else "; ".join(m for m in methods if m != HWM),
     }

@@ -9,6 +9,7 @@ from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
 from kvsweep.measure.summary import token_agreement
+from kvsweep.names import ResultTag
 from kvsweep.results import CellResult
 
 
@@ -24,7 +25,7 @@ def quality_or_nothing(
             raise
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        result.tags["kvsweep.quality"] = f"not measured: the quality check ran out of memory ({type(exc).__name__})"
+        result.tags[ResultTag.QUALITY] = f"not measured: the quality check ran out of memory ({type(exc).__name__})"
         return {}
 
 

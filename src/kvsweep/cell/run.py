@@ -29,6 +29,7 @@ from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import KvShape, classify, kv_shape
+from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, mean_decode_kv_bytes
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
@@ -69,7 +70,7 @@ def run_cell(
         kind = out_of_memory(exc, protocol.device)
         _fail(result, OOM if kind else ERROR, exc)
         if kind:
-            result.tags["kvsweep.oom_kind"] = kind
+            result.tags[ResultTag.OOM_KIND] = kind
     return result.to_dict()
 
 
@@ -141,15 +142,15 @@ def _measure(
 
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
     result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
-    result.metrics["kv_cache_bytes_dense"] = float(cell_dense_kv_bytes(cell, shape))
+    result.metrics[Metric.KV_CACHE_BYTES_DENSE] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
     )
-    result.metrics.update(bandwidth_metrics(read_per_token, result.metrics["tpot_ms"], bandwidth))
+    result.metrics.update(bandwidth_metrics(read_per_token, result.metrics[Metric.TPOT_MS], bandwidth))
     result.tags.update(cell_tags(runs, result.metrics, bandwidth))
     result.samples = {
         "first_call": _call_samples(first),
-        "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
+        Metric.REPEATS: [_call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
     }
 
@@ -159,9 +160,9 @@ def _record_noise(
 ) -> None:
     """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
     gpu_seen = gpu_verdict(gpu.verdict, sorted(gpu.seen)) if gpu is not None else None
-    result.tags["kvsweep.contended"], result.tags["kvsweep.contention"] = merge(host.verdict(), gpu_seen)
+    result.tags[ResultTag.CONTENDED], result.tags[ResultTag.CONTENTION] = merge(host.verdict(), gpu_seen)
     if phase.target_met is not None:
-        result.tags["kvsweep.ci_target"] = "met" if phase.target_met else "missed"
+        result.tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
     if gpu is not None and gpu.seen:
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(gpu.seen)))
     result.metrics.update(host.metrics(), discarded_calls=float(len(phase.discarded)))
@@ -178,7 +179,7 @@ def _load(
     if reason is None:
         loaded_at = time.perf_counter()
         model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
-        result.metrics["model_load_s"] = time.perf_counter() - loaded_at
+        result.metrics[Metric.MODEL_LOAD_S] = time.perf_counter() - loaded_at
         on_phase("built")
         shape = kv_shape(model.config)
         reason = skip_reason(cell, device, shape, package_installed)
@@ -191,11 +192,11 @@ def _load(
 def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:
     """One call's raw numbers; measured calls add what others took of the CPUs meanwhile (None: unreadable)."""
     samples: dict[str, Any] = {
-        "ttft_ms": call.times.ttft_ms,
+        Metric.TTFT_MS: call.times.ttft_ms,
         "gaps_ms": call.times.gaps_ms,
-        "e2e_ms": call.times.e2e_ms,
-        "peak_host_rss_bytes": call.peak.host_rss_bytes,
-        "peak_device_mem_bytes": call.peak.device_bytes,
+        Metric.E2E_MS: call.times.e2e_ms,
+        Metric.PEAK_HOST_RSS_BYTES: call.peak.host_rss_bytes,
+        Metric.PEAK_DEVICE_MEM_BYTES: call.peak.device_bytes,
     }
     return samples | (contention.to_dict() if contention is not None else {})
 

@@ -3,10 +3,8 @@
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
+from kvsweep.names import Metric, RunTag
 
 
 def report_main(argv: list[str]) -> int:
@@ -24,58 +22,54 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="folder for the report (default: kvsweep-report/<parent run id>)")
     parser.add_argument("--max-slowdown", type=float, help="leanest pick within this of the fastest (0.10 = 10%%)")
     parser.add_argument("--min-token-agreement", type=float, help="flag caches agreeing with dynamic less than this")
-    parser.add_argument("--rank-by", choices=("tpot_ms", "ttft_ms", "e2e_ms"), help="what 'fastest' means")
+    parser.add_argument(
+        "--rank-by", choices=(Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS), help="what 'fastest' means"
+    )
     args = parser.parse_args(argv)
+    overrides = {"max_slowdown": args.max_slowdown, "min_token_agreement": args.min_token_agreement}
+    overrides["rank_by"] = args.rank_by
+    return rebuild_report(args.tracking_uri, args.experiment, args.run_id, args.out, overrides)
 
+
+def rebuild_report(
+    tracking_uri: str, experiment: str, run_id: str | None, out: Path | None, overrides: dict[str, object]
+) -> int:
+    """Read the sweep back through `tracking/readback.py` (what a resuming sweep reads) and write its report."""
     from mlflow import MlflowClient
 
     from kvsweep.redact import redact_uri
     from kvsweep.report.write import ReportContext, settings_from, write_report
-    from kvsweep.tracking.client import default_tracking_uri, result_from_run, run_url
-    from kvsweep.tracking.names import PARENT_ID_TAG, SWEEP_TAG
+    from kvsweep.tracking.readback import cell_results, latest_sweep
+    from kvsweep.tracking.urls import default_tracking_uri, run_url
 
-    uri = default_tracking_uri(args.tracking_uri)
+    uri = default_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=uri)
-    parent_id = args.run_id or _latest_sweep(client, args.experiment)
-    if parent_id is None:
-        return 2
+    if run_id is None:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            print(f"kvsweep report: no experiment named {experiment!r}")
+            return 2
+        run_id = latest_sweep(client, found.experiment_id)
+        if run_id is None:
+            print(f"kvsweep report: experiment {experiment!r} has no sweep")
+            return 2
     try:
-        parent = client.get_run(parent_id)
+        parent = client.get_run(run_id)
     except Exception as exc:
-        print(f"kvsweep report: no run {parent_id!r} in {redact_uri(uri)} ({type(exc).__name__})")
+        print(f"kvsweep report: no run {run_id!r} in {redact_uri(uri)} ({type(exc).__name__})")
         return 2
     experiment_id = parent.info.experiment_id
-    cells = client.search_runs([experiment_id], f"tags.`{PARENT_ID_TAG}` = '{parent_id}'", max_results=50000)
-    results = [result_from_run(run) for run in cells if "kvsweep.status" in run.data.tags]
+    results = cell_results(client, experiment_id, run_id)
     logged = {k.removeprefix("report."): v for k, v in parent.data.params.items() if k.startswith("report.")}
-    overrides = {"max_slowdown": args.max_slowdown, "min_token_agreement": args.min_token_agreement}
-    overrides["rank_by"] = args.rank_by
     settings = settings_from({**logged, **{k: v for k, v in overrides.items() if v is not None}})
     links = {r.cell_id: run_url(uri, experiment_id, r.environment["mlflow_run_id"]) for r in results}
-    name = parent.data.tags.get(SWEEP_TAG, "?")
+    name = parent.data.tags.get(RunTag.SWEEP, "?")
     context = ReportContext(
-        f"kvsweep report: {name} (parent run {parent_id})", settings, links, run_url(uri, experiment_id, parent_id)
+        f"kvsweep report: {name} (parent run {run_id})", settings, links, run_url(uri, experiment_id, run_id)
     )
-    report = write_report(results, args.out or Path("kvsweep-report") / parent_id, context)
-    print(f"sweep {name} (parent run {parent_id}): {len(results)} cells\n")
+    report = write_report(results, out or Path("kvsweep-report") / run_id, context)
+    print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
     print((report.folder / "results.txt").read_text())
     print(f"\n{report.short_form}\n")
     print(f"report: {report.folder / 'report.html'}")
     return 0
-
-
-def _latest_sweep(client: "MlflowClient", experiment_name: str) -> str | None:
-    experiment = client.get_experiment_by_name(experiment_name)
-    if experiment is None:
-        print(f"kvsweep report: no experiment named {experiment_name!r}")
-        return None
-    sweeps = client.search_runs(
-        [experiment.experiment_id],
-        "tags.`kvsweep.role` = 'sweep'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not sweeps:
-        print(f"kvsweep report: experiment {experiment_name!r} has no sweep")
-        return None
-    return sweeps[0].info.run_id

@@ -9,6 +9,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from kvsweep.names import Metric
+
 
 def _help(default: Any, text: str, **kw: Any) -> Any:
     if callable(default):
@@ -73,7 +75,7 @@ class PlannerConfig:
 
 @dataclass
 class ReportConfig:
-    rank_by: str = _help("tpot_ms", "what 'fastest' means in the selection table: tpot_ms, ttft_ms or e2e_ms")
+    rank_by: str = _help(Metric.TPOT_MS, "what 'fastest' means in the selection table: tpot_ms, ttft_ms or e2e_ms")
     max_slowdown: float = _help(0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)")
     min_token_agreement: float = _help(0.9, "flag caches whose tokens agree with dynamic less than this (0-1)")
 

@@ -5,10 +5,11 @@ from typing import Any
 from kvsweep.caches import allowed_cache_names, get_strategy
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
+from kvsweep.names import Metric
 from kvsweep.testing.fault_kinds import FAULTS, PHASES
 
 DEVICES = ("auto", "cuda", "cpu")
-RANK_BY = ("tpot_ms", "ttft_ms", "e2e_ms")
+RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)
 
 
 def validate(cfg: dict[str, Any]) -> None:
@@ -67,14 +68,14 @@ def _at_least(key: str, value: int, minimum: int) -> None:
 
 
 def _validate_measure(m: dict[str, Any]) -> None:
-    _at_least("measure.repeats", m["repeats"], 1)
+    _at_least("measure.repeats", m[Metric.REPEATS], 1)
     _at_least("measure.warmup", m["warmup"], 0)
     _at_least("measure.threads", m["threads"], 0)
     _at_least("measure.max_discarded", m["max_discarded"], 0)
     for key in ("min_duration_s", "max_duration_s", "wait_for_idle_gpu_s", "target_rel_ci"):
         if m[key] < 0:
             raise ConfigError(f"measure.{key} must be >= 0, got {m[key]}")
-    if 0 < m["max_repeats"] < m["repeats"]:
+    if 0 < m["max_repeats"] < m[Metric.REPEATS]:
         raise ConfigError(
             f"measure.max_repeats ({m['max_repeats']}) is below measure.repeats ({m['repeats']}); "
             "raise it or use 0 (= repeats)"

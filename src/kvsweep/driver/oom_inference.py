@@ -8,6 +8,7 @@ instead of being run. Jobs are ordered small to large so this can work.
 from typing import Any
 
 from kvsweep.driver.scheduler import Job
+from kvsweep.names import ResultTag
 from kvsweep.results import OOM, CellResult
 
 SIZE_AXES = ("batch_size", "context_length", "max_new_tokens")
@@ -25,8 +26,8 @@ class OomPruner:
         self.out_of_memory: list[tuple[dict[str, Any], str]] = []  # (cell, oom kind)
 
     def observe(self, result: CellResult) -> None:
-        if result.status == OOM and result.tags.get("kvsweep.inferred") != "true":
-            self.out_of_memory.append((result.cell, result.tags.get("kvsweep.oom_kind", "device")))
+        if result.status == OOM and result.tags.get(ResultTag.INFERRED) != "true":
+            self.out_of_memory.append((result.cell, result.tags.get(ResultTag.OOM_KIND, "device")))
 
     def admit(self, job: Job) -> CellResult | None:
         """None: run it. A result: it is known to run out of memory."""
@@ -40,6 +41,6 @@ class OomPruner:
                     job.cell,
                     OOM,
                     error=f"inferred: the smaller cell {cause} already ran out of memory",
-                    tags={"kvsweep.inferred": "true", "kvsweep.oom_kind": kind},
+                    tags={ResultTag.INFERRED: "true", ResultTag.OOM_KIND: kind},
                 )
         return None

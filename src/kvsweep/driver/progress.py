@@ -13,19 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from kvsweep.model_names import short_name
+from kvsweep.grid import cell_label
+from kvsweep.names import Metric
 from kvsweep.results import OK, SKIPPED, STATUSES, CellResult
 
 
 def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def cell_label(cell: dict[str, Any], model_name: str = "") -> str:
-    compiled = "+compile" if cell["compile"] else ""
-    model = model_name or short_name(str(cell["model"]))
-    return f"{cell['cache']}{compiled} ctx={cell['context_length']} bs={cell['batch_size']} {cell['dtype']} {model}"
 
 
 class SweepProgress:
@@ -61,7 +56,7 @@ class SweepProgress:
             self.measured += 1
         if self.live and result.status in (OK, SKIPPED):
             return  # on a terminal the display shows it; only failures earn a line
-        detail = f"tpot {result.metrics['tpot_ms']:.2f} ms" if "tpot_ms" in result.metrics else result.error
+        detail = f"tpot {result.metrics['tpot_ms']:.2f} ms" if Metric.TPOT_MS in result.metrics else result.error
         self._print(f"{self.line()} | {result.status}: {self.label(result.cell)} {detail[:120]}")
 
     def resumed(self, result: CellResult, counts_as_run: bool) -> None:

@@ -25,6 +25,7 @@ import ray
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.errors import first_line
+from kvsweep.names import ResultTag
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
 
 POLL_S = 0.5
@@ -181,7 +182,7 @@ def _collect(ref: Any, entry: _Running) -> CellResult:
         data = ray.get(ref)
     except ray.exceptions.OutOfMemoryError as exc:
         result = _driver_result(entry, OOM, f"host OOM: Ray's memory monitor killed the cell ({first_line(exc)})")
-        result.tags["kvsweep.oom_kind"] = "host"
+        result.tags[ResultTag.OOM_KIND] = "host"
         return result
     except ray.exceptions.RayActorError as exc:
         return _driver_result(entry, CRASHED, f"cell process died: {first_line(exc)}")

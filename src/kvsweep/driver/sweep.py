@@ -54,7 +54,7 @@ class SweepRun:
     """What the stages share: the config, where results go, and the results so far."""
 
     def __init__(self, cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO) -> None:
-        from kvsweep.tracking.client import default_tracking_uri
+        from kvsweep.tracking.urls import default_tracking_uri
 
         self.cfg, self.config_yaml, self.run_dir, self.out = cfg, config_yaml, run_dir, out
         self.tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts

@@ -5,10 +5,10 @@ A report failure is reported and swallowed: every measurement is already journal
 
 from typing import TYPE_CHECKING
 
+from kvsweep.names import REPORT_DIR
 from kvsweep.redact import redact_uri
 from kvsweep.report.table import results_csv, results_table
 from kvsweep.results import RESULT_STATUSES
-from kvsweep.tracking.names import REPORT_DIR
 
 if TYPE_CHECKING:
     from kvsweep.driver.sweep import SweepRun
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def finish(sweep: "SweepRun") -> int:
     """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
-    from kvsweep.tracking.client import compare_url, runs_url
+    from kvsweep.tracking.urls import compare_url, runs_url
 
     results, run_dir, say, sink = sweep.results, sweep.run_dir, sweep.say, sweep.sink
     assert sweep.progress is not None
@@ -50,7 +50,7 @@ def _write_report(sweep: "SweepRun") -> str:
     """The report folder in the run folder (the sink logs it on the parent); returns the short selection."""
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.sink, sweep.say
     from kvsweep.report.write import ReportContext, settings_from, write_report
-    from kvsweep.tracking.client import run_url
+    from kvsweep.tracking.urls import run_url
 
     links, parent_url = {}, ""
     try:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from kvsweep.names import Metric
+
 PROC_STAT = "/proc/stat"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 # /proc/stat per-CPU fields: user nice system idle iowait irq softirq steal guest guest_nice
@@ -59,8 +61,8 @@ class CallContention:
 
     def to_dict(self) -> dict[str, float]:
         return {
-            "host_other_cpu_share": round(self.other_share, 4),
-            "host_steal_share": round(self.steal_share, 4),
+            Metric.HOST_OTHER_CPU_SHARE: round(self.other_share, 4),
+            Metric.HOST_STEAL_SHARE: round(self.steal_share, 4),
             "contention_resolution": round(self.resolution, 4),
         }
 

@@ -3,6 +3,7 @@
 from typing import Any
 
 from kvsweep.measure.bandwidth import Bandwidth
+from kvsweep.names import Metric
 
 # A utilization above this is impossible for bytes that must come from memory (5% for timer and
 # benchmark noise), as long as they are far larger than the last-level cache that could hold them.
@@ -22,16 +23,16 @@ def decode_weight_bytes(model: Any) -> int:
 
 def bandwidth_metrics(bytes_per_token: float, tpot_ms: float, bandwidth: Bandwidth) -> dict[str, float]:
     """`decode_bytes_per_token`, `mem_bandwidth_gbps` and `decode_bandwidth_utilization`."""
-    metrics = {"decode_bytes_per_token": float(bytes_per_token), "mem_bandwidth_gbps": bandwidth.gbps}
+    metrics = {"decode_bytes_per_token": float(bytes_per_token), Metric.MEM_BANDWIDTH_GBPS: bandwidth.gbps}
     if tpot_ms > 0 and bandwidth.gbps > 0:
-        metrics["decode_bandwidth_utilization"] = bytes_per_token / (tpot_ms / 1e3) / (bandwidth.gbps * 1e9)
+        metrics[Metric.DECODE_BANDWIDTH_UTILIZATION] = bytes_per_token / (tpot_ms / 1e3) / (bandwidth.gbps * 1e9)
     return metrics
 
 
 def implausible(metrics: dict[str, float], bandwidth: Bandwidth) -> bool:
     """True when decode moved more bytes per second than the device can, for bytes no cache could hold."""
-    utilization = metrics.get("decode_bandwidth_utilization")
+    utilization = metrics.get(Metric.DECODE_BANDWIDTH_UTILIZATION)
     llc = bandwidth.last_level_cache_bytes
     if utilization is None or llc is None:
         return False
-    return utilization > MAX_UTILIZATION and metrics["decode_bytes_per_token"] > FROM_MEMORY_FACTOR * llc
+    return utilization > MAX_UTILIZATION and metrics[Metric.DECODE_BYTES_PER_TOKEN] > FROM_MEMORY_FACTOR * llc

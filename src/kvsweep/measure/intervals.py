@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvsweep.measure.stats import median
+from kvsweep.names import ci_high, ci_low
 
 CONFIDENCE = 0.95
 
@@ -48,7 +49,7 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
 def interval_metrics(name: str, values: Sequence[float]) -> dict[str, float]:
     """`<name>_ci_low` / `<name>_ci_high` for a metric whose value is the median of `values`."""
     interval = median_interval(values)
-    return {f"{name}_ci_low": interval.low, f"{name}_ci_high": interval.high}
+    return {ci_low(name): interval.low, ci_high(name): interval.high}
 
 
 def precise_enough(samples: Sequence[Sequence[float]], target: float) -> bool:

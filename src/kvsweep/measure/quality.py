@@ -11,6 +11,8 @@ from collections.abc import Callable
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from kvsweep.names import Metric
+
 # Full-vocabulary log-probabilities for every step are kept on the host for the comparison;
 # beyond this many bytes only the batch's first row is compared (a 128k vocabulary x 256 steps x
 # batch 16 would otherwise hold 2 GiB).
@@ -67,7 +69,7 @@ def teacher_forced_kl(
     recorder = StepLogProbs(reference[0].shape[0])
     generate(LogitsProcessorList([recorder, ForceTokens(reference_tokens, prompt_length)]))
     per_step = [kl_divergence(p, q) for p, q in zip(reference, recorder.steps, strict=True)]
-    return {"kl_divergence": float(torch.stack(per_step).mean()), "kl_divergence_max": float(max(per_step))}
+    return {"kl_divergence": float(torch.stack(per_step).mean()), Metric.KL_DIVERGENCE_MAX: float(max(per_step))}
 
 
 def kl_divergence(reference_log_probs: torch.Tensor, candidate_log_probs: torch.Tensor) -> torch.Tensor:

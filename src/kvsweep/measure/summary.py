@@ -7,6 +7,7 @@ from kvsweep.measure.intervals import interval_metrics
 from kvsweep.measure.memory import PeakMemory
 from kvsweep.measure.stats import median, percentile
 from kvsweep.measure.timing import TokenTimes
+from kvsweep.names import Metric
 
 
 def summarize_runs(runs: list[tuple[TokenTimes, PeakMemory]], cell: Cell) -> dict[str, float]:
@@ -18,23 +19,23 @@ def summarize_runs(runs: list[tuple[TokenTimes, PeakMemory]], cell: Cell) -> dic
     decode_rate = [cell.batch_size * len(t.gaps_ms) / (t.decode_ms / 1e3) for t in times if t.decode_ms > 0]
     prefill_rate = [cell.batch_size * cell.context_length / (t.ttft_ms / 1e3) for t in times]
     metrics = {
-        "ttft_ms": median(ttft),
-        "ttft_ms_p90": percentile(ttft, 90),
-        "tpot_ms": median(tpot),
-        "tpot_ms_p90": percentile([g for t in times for g in t.gaps_ms], 90),
-        "prefill_tokens_per_s": median(prefill_rate),
-        "e2e_ms": median([t.e2e_ms for t in times]),
-        "peak_host_rss_bytes": median([float(p.host_rss_bytes) for _, p in runs]),
-        "repeats": float(len(runs)),
+        Metric.TTFT_MS: median(ttft),
+        Metric.TTFT_MS_P90: percentile(ttft, 90),
+        Metric.TPOT_MS: median(tpot),
+        Metric.TPOT_MS_P90: percentile([g for t in times for g in t.gaps_ms], 90),
+        Metric.PREFILL_TOKENS_PER_S: median(prefill_rate),
+        Metric.E2E_MS: median([t.e2e_ms for t in times]),
+        Metric.PEAK_HOST_RSS_BYTES: median([float(p.host_rss_bytes) for _, p in runs]),
+        Metric.REPEATS: float(len(runs)),
     }
-    metrics |= interval_metrics("ttft_ms", ttft) | interval_metrics("e2e_ms", [t.e2e_ms for t in times])
+    metrics |= interval_metrics(Metric.TTFT_MS, ttft) | interval_metrics(Metric.E2E_MS, [t.e2e_ms for t in times])
     if all(t.gaps_ms for t in times):
-        metrics |= interval_metrics("tpot_ms", tpot)
+        metrics |= interval_metrics(Metric.TPOT_MS, tpot)
     if decode_rate:
-        metrics["decode_tokens_per_s"] = median(decode_rate)
+        metrics[Metric.DECODE_TOKENS_PER_S] = median(decode_rate)
     device_peaks = [float(p.device_bytes) for _, p in runs if p.device_bytes is not None]
     if device_peaks:
-        metrics["peak_device_mem_bytes"] = median(device_peaks)
+        metrics[Metric.PEAK_DEVICE_MEM_BYTES] = median(device_peaks)
     return metrics
 
 
@@ -44,4 +45,4 @@ def token_agreement(tokens: torch.Tensor, baseline: torch.Tensor) -> dict[str, f
     per_position = equal.all(dim=0)
     diverged = (~per_position).nonzero()
     first = int(diverged[0, 0]) if diverged.numel() else tokens.shape[1]
-    return {"token_agreement": float(equal.float().mean()), "first_divergence": float(first)}
+    return {"token_agreement": float(equal.float().mean()), Metric.FIRST_DIVERGENCE: float(first)}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvsweep.measure.contention import TICK_S, CallContention, pooled
 from kvsweep.measure.gpu_sharing import ALONE, CONTENDED, UNKNOWN
+from kvsweep.names import Metric
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class HostEvidence:
         if not self.known:
             return {}
         other, steal = pooled([r for r in self.readings if r is not None])
-        return {"host_other_cpu_share": other, "host_steal_share": steal}
+        return {"host_other_cpu_share": other, Metric.HOST_STEAL_SHARE: steal}
 
     def verdict(self) -> tuple[str, str]:
         """Contended when a kept call, or the kept calls together, lost more than the limit beyond what the

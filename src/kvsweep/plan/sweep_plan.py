@@ -6,6 +6,7 @@ from typing import Any, TextIO
 
 from kvsweep.grid import Protocol, expand_grid
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config, parameter_count
+from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
 from kvsweep.redact import redact_text
@@ -69,7 +70,8 @@ def plan_text(planned: list[PlannedCell], problems: dict[str, str], device: str)
         dense = "-" if p.kv_dense_bytes is None else f"{p.kv_dense_bytes / MIB:9.2f}"
         peak = "-" if p.memory is None else f"{p.memory.peak_bytes / MIB:10.1f}"
         what = problems.get(p.cell.model) or ("run" if p.runs else f"skip: {p.skip_reason}")
-        lines.append(f"{p.cell.label:70s} kv {kv} MiB (dense {dense}) peak {peak} MiB  {what}")
+        label = f"{p.cell.label} new{p.cell.max_new_tokens}"
+        lines.append(f"{label:62s} kv {kv} MiB (dense {dense}) peak {peak} MiB  {what}")
     return "\n".join(lines)
 
 
@@ -79,9 +81,9 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
         return {}
     m = planned.memory
     return {
-        "predicted_peak_device_mem_bytes": float(m.peak_bytes),
-        "predicted_weights_bytes": float(m.weights_bytes),
-        "predicted_kv_device_bytes": float(m.kv_device_bytes),
+        Metric.PREDICTED_PEAK_DEVICE_MEM_BYTES: float(m.peak_bytes),
+        Metric.PREDICTED_WEIGHTS_BYTES: float(m.weights_bytes),
+        Metric.PREDICTED_KV_DEVICE_BYTES: float(m.kv_device_bytes),
     }
 
 
@@ -89,7 +91,7 @@ def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
     m = cfg["measure"]
     return Protocol(
         warmup=m["warmup"],
-        repeats=m["repeats"],
+        repeats=m[Metric.REPEATS],
         seed=m["seed"],
         device=device,
         threads=m["threads"],

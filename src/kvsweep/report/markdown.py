@@ -1,6 +1,7 @@
 """The selection table as Markdown (selection.md, logged on the parent run) and as terminal lines."""
 
 from kvsweep.caches import BASELINE
+from kvsweep.names import Metric, ci_high, ci_low
 from kvsweep.report.selection import MEMORY_LABELS, Decision, Entry, cost_text
 
 MIB = 1024 * 1024
@@ -27,7 +28,7 @@ def _with_interval(metrics: dict[str, float], name: str) -> str:
     """'2.05 [1.85-2.24]': the median and its 95% interval."""
     if name not in metrics:
         return "-"
-    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    low, high = metrics.get(ci_low(name)), metrics.get(ci_high(name))
     interval = f" [{low:.2f}-{high:.2f}]" if low is not None and high is not None else ""
     return f"{metrics[name]:.2f}{interval}"
 
@@ -76,7 +77,7 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
 
 def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
     """Every strategy of every group: its numbers, its cost against dynamic, flags and advice."""
-    basis = decisions[0].memory_basis if decisions else "kv_cache_bytes"
+    basis = decisions[0].memory_basis if decisions else Metric.KV_CACHE_BYTES
     header = [
         "group",
         "model reference",
@@ -104,12 +105,12 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     d.key[0],  # the full reference (a path or Hub id), as in the cell's `model` param
                     _link(e, links),
                     e.status,
-                    _with_interval(m, "tpot_ms") if e.status == "ok" else "-",
-                    _with_interval(m, "ttft_ms") if e.status == "ok" else "-",
+                    _with_interval(m, Metric.TPOT_MS) if e.status == "ok" else "-",
+                    _with_interval(m, Metric.TTFT_MS) if e.status == "ok" else "-",
                     _num(e.memory, MIB) if e.status == "ok" else "-",
                     cost_text(e) or ("baseline" if e.label == BASELINE and e.status == "ok" else "-"),
-                    _num(m.get("token_agreement")) if e.status == "ok" else "-",
-                    f"{m['kl_divergence']:.2e}" if e.status == "ok" and "kl_divergence" in m else "-",
+                    _num(m.get(Metric.TOKEN_AGREEMENT)) if e.status == "ok" else "-",
+                    f"{m['kl_divergence']:.2e}" if e.status == "ok" and Metric.KL_DIVERGENCE in m else "-",
                     "; ".join(notes),
                 ]
             )

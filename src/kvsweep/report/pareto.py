@@ -4,7 +4,8 @@ from collections import defaultdict
 
 from matplotlib.axes import Axes
 
-from kvsweep.report.selection import strategy_label
+from kvsweep.grid import strategy_label
+from kvsweep.names import Metric, ResultTag
 from kvsweep.results import OK, CellResult
 
 MIB = 1024 * 1024
@@ -17,11 +18,13 @@ def _has(result: CellResult, metric: str) -> bool:
 def draw_pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], basis: str) -> None:
     """Memory against TPOT for every cell that ran; the frontier joins cells nothing beats on both."""
     points = [
-        (r.metrics[basis] / MIB, r.metrics["tpot_ms"], r) for r in results if _has(r, basis) and _has(r, "tpot_ms")
+        (r.metrics[basis] / MIB, r.metrics[Metric.TPOT_MS], r)
+        for r in results
+        if _has(r, basis) and _has(r, Metric.TPOT_MS)
     ]
     for x, y, r in points:
-        hollow = r.tags.get("kvsweep.contended") == "true"
-        colour = palette[strategy_label(r)]
+        hollow = r.tags.get(ResultTag.CONTENDED) == "true"
+        colour = palette[strategy_label(r.cell)]
         ax.scatter([x], [y], s=40, zorder=3, color="none" if hollow else colour, edgecolors=colour)
         ax.annotate(str(r.cell["context_length"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
     by_context: dict[int, list[tuple[float, float]]] = defaultdict(list)
@@ -41,7 +44,7 @@ def draw_pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], ba
             drawn = True
     if drawn:
         ax.legend(fontsize=8)
-    label = "peak GPU memory" if basis == "peak_device_mem_bytes" else "KV cache"
+    label = "peak GPU memory" if basis == Metric.PEAK_DEVICE_MEM_BYTES else "KV cache"
     ax.set_title(f"{label} vs time per output token (labels: context)")
     ax.set_xlabel(f"{label} (MiB)")
     ax.set_ylabel("TPOT (ms)")

@@ -15,9 +15,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 from matplotlib.transforms import blended_transform_factory
 
+from kvsweep.grid import strategy_label
 from kvsweep.model_names import display_names, file_stem
+from kvsweep.names import Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
-from kvsweep.report.selection import memory_basis, strategy_label
+from kvsweep.report.selection import memory_basis
 from kvsweep.results import OK, CellResult
 
 MIB = 1024 * 1024
@@ -38,7 +40,7 @@ def facet_name(key: FacetKey, model_name: str) -> str:
 def colours(results: list[CellResult]) -> dict[str, str]:
     """The same colour for a strategy in every figure."""
     palette = matplotlib.colormaps["tab10"].colors + matplotlib.colormaps["Dark2"].colors
-    labels = sorted({strategy_label(r) for r in results})
+    labels = sorted({strategy_label(r.cell) for r in results})
     return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(labels)}
 
 
@@ -69,15 +71,15 @@ def _facet_figure(
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
     series = _series(results)
     contexts = sorted({int(r.cell["context_length"]) for r in results})
-    on_gpu = basis == "peak_device_mem_bytes"
-    peak_metric = "peak_device_mem_bytes" if on_gpu else "peak_host_rss_bytes"
+    on_gpu = basis == Metric.PEAK_DEVICE_MEM_BYTES
+    peak_metric = Metric.PEAK_DEVICE_MEM_BYTES if on_gpu else Metric.PEAK_HOST_RSS_BYTES
     panels = [
-        (axes[0, 0], "ttft_ms", 1.0, "time to first token (ms)"),
-        (axes[0, 1], "tpot_ms", 1.0, "time per output token (ms)"),
-        (axes[0, 2], "decode_bandwidth_utilization", 1.0, "decode bytes/s ÷ memory bandwidth"),
+        (axes[0, 0], Metric.TTFT_MS, 1.0, "time to first token (ms)"),
+        (axes[0, 1], Metric.TPOT_MS, 1.0, "time per output token (ms)"),
+        (axes[0, 2], Metric.DECODE_BANDWIDTH_UTILIZATION, 1.0, "decode bytes/s ÷ memory bandwidth"),
         (axes[0, 3], peak_metric, MIB, "peak GPU memory (MiB)" if on_gpu else "peak host RSS (MiB)"),
-        (axes[1, 0], "kv_cache_bytes", MIB, "KV cache (MiB)"),
-        (axes[1, 1], "decode_tokens_per_s", 1.0, "decode tokens/s"),
+        (axes[1, 0], Metric.KV_CACHE_BYTES, MIB, "KV cache (MiB)"),
+        (axes[1, 1], Metric.DECODE_TOKENS_PER_S, 1.0, "decode tokens/s"),
     ]
     for ax, metric, scale, title in panels:
         for label, cells in series.items():
@@ -99,14 +101,14 @@ def _plot_series(ax: Axes, cells: list[CellResult], metric: str, scale: float, c
         return
     xs = [int(r.cell["context_length"]) for r in cells]
     ys = [r.metrics[metric] / scale for r in cells]
-    ax.plot(xs, ys, color=colour, label=strategy_label(cells[0]))
-    low, high = f"{metric}_ci_low", f"{metric}_ci_high"
+    ax.plot(xs, ys, color=colour, label=strategy_label(cells[0].cell))
+    low, high = ci_low(metric), ci_high(metric)
     if all(low in r.metrics and high in r.metrics for r in cells):
         below = [y - r.metrics[low] / scale for y, r in zip(ys, cells, strict=True)]
         above = [r.metrics[high] / scale - y for y, r in zip(ys, cells, strict=True)]
         ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=colour, capsize=3, linewidth=1)
     for x, y, r in zip(xs, ys, cells, strict=True):
-        contended = r.tags.get("kvsweep.contended") == "true"
+        contended = r.tags.get(ResultTag.CONTENDED) == "true"
         ax.plot([x], [y], marker="o", color=colour, markersize=7, fillstyle="none" if contended else "full")
         if contended:
             ax.annotate("contended", (x, y), xytext=(5, -10), textcoords="offset points", fontsize=7, color=colour)
@@ -116,8 +118,8 @@ def _physical_limit(ax: Axes, results: list[CellResult]) -> None:
     """Utilization 1 is the device's copy bandwidth; points tagged implausible are ringed in red."""
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="memory bandwidth")
     for r in results:
-        if _has(r, "decode_bandwidth_utilization") and r.tags.get("kvsweep.implausible") == "true":
-            x, y = int(r.cell["context_length"]), r.metrics["decode_bandwidth_utilization"]
+        if _has(r, Metric.DECODE_BANDWIDTH_UTILIZATION) and r.tags.get(ResultTag.IMPLAUSIBLE) == "true":
+            x, y = int(r.cell["context_length"]), r.metrics[Metric.DECODE_BANDWIDTH_UTILIZATION]
             ax.plot([x], [y], marker="o", markersize=14, fillstyle="none", color="red")
             ax.annotate("implausible", (x, y), xytext=(6, 6), textcoords="offset points", fontsize=8, color="red")
 
@@ -129,7 +131,7 @@ def _has(result: CellResult, metric: str) -> bool:
 def _series(results: list[CellResult]) -> dict[str, list[CellResult]]:
     out: dict[str, list[CellResult]] = defaultdict(list)
     for result in results:
-        out[strategy_label(result)].append(result)
+        out[strategy_label(result.cell)].append(result)
     return dict(sorted(out.items()))
 
 
@@ -183,9 +185,9 @@ def _capacity_line(ax: Axes, results: list[CellResult], scale: float) -> None:
 
 def _dense_line(ax: Axes, results: list[CellResult]) -> None:
     dense = {
-        int(r.cell["context_length"]): r.metrics["kv_cache_bytes_dense"] / MIB
+        int(r.cell["context_length"]): r.metrics[Metric.KV_CACHE_BYTES_DENSE] / MIB
         for r in results
-        if r.metrics.get("kv_cache_bytes_dense")
+        if r.metrics.get(Metric.KV_CACHE_BYTES_DENSE)
     }
     if dense:
         xs = sorted(dense)

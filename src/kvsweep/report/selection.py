@@ -18,19 +18,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvsweep.caches import BASELINE, cache_rank
+from kvsweep.grid import strategy_label
 from kvsweep.model_names import display_names
+from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
 from kvsweep.report.uncertainty import metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
 GroupKey = tuple[str, str, int, int, int]  # model, dtype, batch size, context length, new tokens
-MEMORY_LABELS = {"peak_device_mem_bytes": "peak GPU memory", "kv_cache_bytes": "KV cache memory"}
+MEMORY_LABELS = {"peak_device_mem_bytes": "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
 
 
 @dataclass(frozen=True)
 class Settings:
-    rank_by: str = "tpot_ms"
+    rank_by: str = Metric.TPOT_MS
     max_slowdown: float = 0.10
     min_token_agreement: float = 0.9
 
@@ -120,7 +122,7 @@ def _vs(entry: Entry, first: bool = False) -> str:
 
 def cost_text(entry: Entry) -> str:
     """'TPOT -12%, TTFT +3%, memory +30%' relative to dynamic; empty for dynamic itself."""
-    names = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "memory": "memory"}
+    names = {"tpot_ms": "TPOT", Metric.TTFT_MS: "TTFT", "memory": "memory"}
     return ", ".join(f"{names[k]} {pct(v)}{_pm(entry.errors.get(k))}" for k, v in entry.deltas.items())
 
 
@@ -132,10 +134,6 @@ def pct(fraction: float) -> str:
     return f"{fraction * 100:+.0f}%"
 
 
-def strategy_label(result: CellResult) -> str:
-    return result.cell["cache"] + ("+compile" if result.cell["compile"] else "")
-
-
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
     return (str(c["model"]), str(c["dtype"]), int(c["batch_size"]), int(c["context_length"]), int(c["max_new_tokens"]))
@@ -143,8 +141,8 @@ def group_key(result: CellResult) -> GroupKey:
 
 def memory_basis(results: Iterable[CellResult]) -> str:
     """GPU peaks when the sweep ran on GPUs; otherwise the cache's own bytes (a CPU process's RSS is mostly itself)."""
-    on_gpu = any("peak_device_mem_bytes" in r.metrics for r in results if r.status == OK)
-    return "peak_device_mem_bytes" if on_gpu else "kv_cache_bytes"
+    on_gpu = any(Metric.PEAK_DEVICE_MEM_BYTES in r.metrics for r in results if r.status == OK)
+    return Metric.PEAK_DEVICE_MEM_BYTES if on_gpu else Metric.KV_CACHE_BYTES
 
 
 def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
@@ -189,45 +187,45 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
 
 
 def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
-    entry = Entry(strategy_label(result), result)
+    entry = Entry(strategy_label(result.cell), result)
     m = result.metrics
     if result.status != OK:
         entry.advice = failure_advice(result.cell["cache"], bool(result.cell["compile"]), result.status, result.error)
-        if result.tags.get("kvsweep.inferred") == "true":
+        if result.tags.get(ResultTag.INFERRED) == "true":
             entry.flags.append("inferred from a smaller cell's OOM")
         return entry
     entry.speed = m.get(settings.rank_by)
     entry.interval = metric_interval(m, settings.rank_by)
     entry.memory = m.get(basis)
-    shape_only = result.tags.get("kvsweep.shape_only") == "true"
-    agreement = m.get("token_agreement")
+    shape_only = result.tags.get(ResultTag.SHAPE_ONLY) == "true"
+    agreement = m.get(Metric.TOKEN_AGREEMENT)
     drifted = agreement is not None and agreement < settings.min_token_agreement
     if drifted:
         entry.flags.append(f"token agreement {agreement:.2f} < {settings.min_token_agreement:.2f}")
         entry.advice = quality_advice(agreement, settings.min_token_agreement)
-    if "kvsweep.quality" in result.tags:
-        entry.flags.append(f"quality {result.tags['kvsweep.quality']}")
+    if ResultTag.QUALITY in result.tags:
+        entry.flags.append(f"quality {result.tags[ResultTag.QUALITY]}")
     if shape_only:
         entry.flags.append("shape-only (random weights)")
-    if result.tags.get("kvsweep.contended") == "true":
-        entry.contention = result.tags.get("kvsweep.contention", "GPU shared")
+    if result.tags.get(ResultTag.CONTENDED) == "true":
+        entry.contention = result.tags.get(ResultTag.CONTENTION, "GPU shared")
         entry.flags.append(f"contended: {entry.contention}")
-    implausible = result.tags.get("kvsweep.implausible") == "true"
+    implausible = result.tags.get(ResultTag.IMPLAUSIBLE) == "true"
     if implausible:
-        utilization = m.get("decode_bandwidth_utilization", float("nan"))
+        utilization = m.get(Metric.DECODE_BANDWIDTH_UTILIZATION, float("nan"))
         entry.flags.append(f"implausible: decode read {utilization:.2f}x the memory bandwidth")
     entry.eligible = entry.speed is not None and not (drifted and not shape_only) and not implausible
     return entry
 
 
 def _errors(result: CellResult, dynamic: CellResult) -> dict[str, float]:
-    errors = {name: ratio_error(result.metrics, dynamic.metrics, name) for name in ("tpot_ms", "ttft_ms")}
+    errors = {name: ratio_error(result.metrics, dynamic.metrics, name) for name in (Metric.TPOT_MS, Metric.TTFT_MS)}
     return {name: error for name, error in errors.items() if error is not None}
 
 
 def _deltas(result: CellResult, dynamic: CellResult, basis: str) -> dict[str, float]:
     out = {}
-    for name, metric in (("tpot_ms", "tpot_ms"), ("ttft_ms", "ttft_ms"), ("memory", basis)):
+    for name, metric in ((Metric.TPOT_MS, Metric.TPOT_MS), (Metric.TTFT_MS, Metric.TTFT_MS), ("memory", basis)):
         mine, theirs = result.metrics.get(metric), dynamic.metrics.get(metric)
         if mine is not None and theirs:
             out[name] = mine / theirs - 1

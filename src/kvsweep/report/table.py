@@ -5,35 +5,30 @@ import io
 from collections.abc import Iterable
 
 from kvsweep.caches import cache_rank
-from kvsweep.grid import CELL_FIELDS
+from kvsweep.grid import CELL_FIELDS, cell_label, strategy_label
 from kvsweep.model_names import display_names
+from kvsweep.names import Metric, ResultTag, with_interval
 from kvsweep.results import CellResult
 
 CSV_METRICS = (
-    "ttft_ms",
-    "ttft_ms_ci_low",
-    "ttft_ms_ci_high",
-    "ttft_ms_p90",
-    "tpot_ms",
-    "tpot_ms_ci_low",
-    "tpot_ms_ci_high",
-    "tpot_ms_p90",
-    "decode_tokens_per_s",
-    "prefill_tokens_per_s",
-    "e2e_ms",
-    "e2e_ms_ci_low",
-    "e2e_ms_ci_high",
-    "first_call_ms",
-    "kv_cache_bytes",
-    "kv_cache_bytes_dense",
-    "peak_device_mem_bytes",
-    "peak_host_rss_bytes",
-    "token_agreement",
-    "first_divergence",
-    "repeats",
-    "discarded_calls",
-    "host_other_cpu_share",
-    "host_steal_share",
+    *with_interval(Metric.TTFT_MS),
+    Metric.TTFT_MS_P90,
+    *with_interval(Metric.TPOT_MS),
+    Metric.TPOT_MS_P90,
+    Metric.DECODE_TOKENS_PER_S,
+    Metric.PREFILL_TOKENS_PER_S,
+    *with_interval(Metric.E2E_MS),
+    Metric.FIRST_CALL_MS,
+    Metric.KV_CACHE_BYTES,
+    Metric.KV_CACHE_BYTES_DENSE,
+    Metric.PEAK_DEVICE_MEM_BYTES,
+    Metric.PEAK_HOST_RSS_BYTES,
+    Metric.TOKEN_AGREEMENT,
+    Metric.FIRST_DIVERGENCE,
+    Metric.REPEATS,
+    Metric.DISCARDED_CALLS,
+    Metric.HOST_OTHER_CPU_SHARE,
+    Metric.HOST_STEAL_SHARE,
 )
 MIB = 1024 * 1024
 
@@ -49,8 +44,8 @@ def results_csv(results: Iterable[CellResult]) -> str:
                 *(r.cell[f] for f in CELL_FIELDS),
                 r.status,
                 r.error,
-                r.tags.get("kvsweep.contended", "unknown"),
-                r.tags.get("kvsweep.contention", ""),
+                r.tags.get(ResultTag.CONTENDED, "unknown"),
+                r.tags.get(ResultTag.CONTENTION, ""),
                 *(r.metrics.get(m, "") for m in CSV_METRICS),
             ]
         )
@@ -61,67 +56,54 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value / scale:.{digits}f}"
 
 
+HEADER = ("model", "dtype", "ctx", "bs", "new", "cache", "status", "ttft ms", "tpot ms", "tok/s", "kv MiB")
+HEADER += ("dense MiB", "peak MiB", "agree")
+
+
 def results_table(results: Iterable[CellResult]) -> str:
     """One line per cell, sorted like the grid, numbers in the units people read (models by display name)."""
-    results = list(results)
+    results = sorted(results, key=_order)
     names = display_names(r.cell["model"] for r in results)
-    header = [
-        "model",
-        "dtype",
-        "ctx",
-        "bs",
-        "new",
-        "cache",
-        "status",
-        "ttft ms",
-        "tpot ms",
-        "tok/s",
-        "kv MiB",
-        "dense MiB",
-        "peak MiB",
-        "agree",
-    ]
-    rows = [header]
-    for r in sorted(results, key=_order):
-        m = r.metrics
-        peak = m.get("peak_device_mem_bytes", m.get("peak_host_rss_bytes"))
-        cache = r.cell["cache"] + ("+compile" if r.cell["compile"] else "")
-        status = r.status + ("*" if r.tags.get("kvsweep.contended") == "true" else "")
-        status += "!" if r.tags.get("kvsweep.implausible") == "true" else ""
-        rows.append(
-            [
-                names[r.cell["model"]],
-                r.cell["dtype"],
-                str(r.cell["context_length"]),
-                str(r.cell["batch_size"]),
-                str(r.cell["max_new_tokens"]),
-                cache,
-                status,
-                _fmt(m.get("ttft_ms"), digits=2),
-                _fmt(m.get("tpot_ms"), digits=2),
-                _fmt(m.get("decode_tokens_per_s"), digits=0),
-                _fmt(m.get("kv_cache_bytes"), MIB, 2),
-                _fmt(m.get("kv_cache_bytes_dense"), MIB, 2),
-                _fmt(peak, MIB, 0),
-                _fmt(m.get("token_agreement"), digits=2),
-            ]
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    rows = [list(HEADER), *(_row(r, names[r.cell["model"]]) for r in results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    notes = [
-        f"  {r.status}: {r.cell['cache']} ctx={r.cell['context_length']} bs={r.cell['batch_size']} "
-        f"{r.cell['dtype']} {names[r.cell['model']]}: {r.error}"
-        for r in sorted(results, key=_order)
-        if r.error
+    notes = _notes(results, names)
+    return "\n".join(lines + (["", *notes] if notes else []))
+
+
+def _row(r: CellResult, model_name: str) -> list[str]:
+    m, c = r.metrics, r.cell
+    peak = m.get(Metric.PEAK_DEVICE_MEM_BYTES, m.get(Metric.PEAK_HOST_RSS_BYTES))
+    status = r.status + ("*" if r.tags.get(ResultTag.CONTENDED) == "true" else "")
+    status += "!" if r.tags.get(ResultTag.IMPLAUSIBLE) == "true" else ""
+    return [
+        model_name,
+        c["dtype"],
+        str(c["context_length"]),
+        str(c["batch_size"]),
+        str(c["max_new_tokens"]),
+        strategy_label(c),
+        status,
+        _fmt(m.get(Metric.TTFT_MS), digits=2),
+        _fmt(m.get(Metric.TPOT_MS), digits=2),
+        _fmt(m.get(Metric.DECODE_TOKENS_PER_S), digits=0),
+        _fmt(m.get(Metric.KV_CACHE_BYTES), MIB, 2),
+        _fmt(m.get(Metric.KV_CACHE_BYTES_DENSE), MIB, 2),
+        _fmt(peak, MIB, 0),
+        _fmt(m.get(Metric.TOKEN_AGREEMENT), digits=2),
     ]
-    if any(r.tags.get("kvsweep.contended") == "true" for r in results):
+
+
+def _notes(results: list[CellResult], names: dict[str, str]) -> list[str]:
+    notes = [f"  {r.status}: {cell_label(r.cell, names[r.cell['model']])}: {r.error}" for r in results if r.error]
+    if any(r.tags.get(ResultTag.CONTENDED) == "true" for r in results):
         notes.append(
             "  * measured while other processes took the cell's CPUs or shared its GPU "
-            "(tag kvsweep.contended=true; kvsweep.contention says what was seen)"
+            f"(tag {ResultTag.CONTENDED}=true; {ResultTag.CONTENTION} says what was seen)"
         )
-    if any(r.tags.get("kvsweep.implausible") == "true" for r in results):
-        notes.append("  ! decode faster than the device's memory bandwidth allows (tag kvsweep.implausible=true)")
-    return "\n".join(lines + (["", *notes] if notes else []))
+    if any(r.tags.get(ResultTag.IMPLAUSIBLE) == "true" for r in results):
+        notes.append(f"  ! decode faster than the device's memory bandwidth allows (tag {ResultTag.IMPLAUSIBLE}=true)")
+    return notes
 
 
 def _order(r: CellResult) -> tuple:

@@ -9,6 +9,8 @@ propagation for a ratio; it is symmetric, like the `+-` it is printed as).
 import math
 from collections.abc import Mapping
 
+from kvsweep.names import ci_high, ci_low
+
 Interval = tuple[float, float]
 
 
@@ -16,7 +18,7 @@ def metric_interval(metrics: Mapping[str, float], name: str) -> Interval | None:
     """The metric's interval; a point when the cell has none (runs from before intervals were logged)."""
     if name not in metrics:
         return None
-    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    low, high = metrics.get(ci_low(name)), metrics.get(ci_high(name))
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return metrics[name], metrics[name]
     return low, high
@@ -27,7 +29,7 @@ def overlaps(a: Interval | None, b: Interval | None) -> bool:
 
 
 def _rel_half_width(metrics: Mapping[str, float], name: str) -> float | None:
-    low, high, centre = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high"), metrics.get(name)
+    low, high, centre = metrics.get(ci_low(name)), metrics.get(ci_high(name)), metrics.get(name)
     if low is None or high is None or not centre or math.isnan(low) or math.isnan(high):
         return None
     return (high - low) / 2 / abs(centre)

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsweep.names import REPORT_DIR
 from kvsweep.report.html_page import render_page
 from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.plots import draw_facets
 from kvsweep.report.selection import Decision, Settings, decide
 from kvsweep.report.table import results_csv, results_table
 from kvsweep.results import CellResult
-from kvsweep.tracking.names import REPORT_DIR
 
 __all__ = ["REPORT_DIR", "Report", "ReportContext", "settings_from", "write_report"]
 

@@ -11,27 +11,27 @@ from mlflow.entities import Run
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import PRESETS
+from kvsweep.names import REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.results import CellResult
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.credentials import sync_tracking_uri
 from kvsweep.tracking.journal import Journal, SweepHeader
-from kvsweep.tracking.names import REPORT_DIR
 
 SWEEP_FILES = ("plan.txt", "results.csv", "results.txt")  # logged on the parent run from the run folder
 
 
 def shape_only_tags(model: str) -> dict[str, str]:
     """Random-weight presets measure shapes; their quality numbers say little about trained weights."""
-    return {"kvsweep.shape_only": str(model in PRESETS).lower()}  # presets win over paths (models.resolve)
+    return {ResultTag.SHAPE_ONLY: str(model in PRESETS).lower()}  # presets win over paths (models.resolve)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
     """`kvsweep.low_agreement=true` when the tokens agree with dynamic less than the sweep's threshold."""
-    agreement = result.metrics.get("token_agreement")
+    agreement = result.metrics.get(Metric.TOKEN_AGREEMENT)
     if agreement is None:
         return {}
     threshold = float(sweep_params.get("report.min_token_agreement", ReportConfig().min_token_agreement))
-    return {"kvsweep.low_agreement": str(agreement < threshold).lower()}
+    return {ResultTag.LOW_AGREEMENT: str(agreement < threshold).lower()}
 
 
 def send_result(
@@ -63,7 +63,7 @@ def unsent(results: list[CellResult], children: dict[str, Run]) -> list[CellResu
 
     def recorded(cell_id: str) -> bool:
         run = children.get(cell_id)
-        return run is not None and "kvsweep.status" in run.data.tags
+        return run is not None and RunTag.STATUS in run.data.tags
 
     return [r for r in results if not recorded(r.cell_id)]
 

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.errors import first_line
+from kvsweep.names import REPORT_DIR, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
-from kvsweep.tracking.client import SweepTracker, result_from_run
+from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.delivery import SWEEP_FILES, ensure_parent, send_result, sync_journal
 from kvsweep.tracking.journal import JOURNAL_NAME, Journal, SweepHeader
-from kvsweep.tracking.names import REPORT_DIR
+from kvsweep.tracking.readback import finished, result_from_run
 
 MAX_BACKOFF_S = 60.0
 FINAL_ATTEMPTS = 3
@@ -80,18 +81,18 @@ class MlflowSink:
         self._sync_previous_journal(found)
         children = self.tracker.child_runs(found)
         self.cell_runs = {cid: run.info.run_id for cid, run in children.items()}
-        done = {cid: result_from_run(run) for cid, run in children.items() if "kvsweep.status" in run.data.tags}
+        done = {cid: result_from_run(run) for cid, run in children.items() if finished(run)}
         return {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
 
     def _set_parent(self, run_id: str) -> None:
         self.parent_run_id = run_id
         self.journal.write_parent(run_id)
-        self.tracker.log_sweep_files(run_id, {}, {"kvsweep.run_dir": str(self.journal.path.parent.resolve())})
+        self.tracker.log_sweep_files(run_id, {}, {RunTag.RUN_DIR: str(self.journal.path.parent.resolve())})
 
     def _sync_previous_journal(self, parent_run_id: str) -> None:
         """Results an earlier, interrupted invocation journaled but never sent (MLflow was down)."""
         run = self.tracker.client.get_run(parent_run_id)
-        previous = run.data.tags.get("kvsweep.run_dir")
+        previous = run.data.tags.get(RunTag.RUN_DIR)
         if previous and Path(previous) != self.journal.path.parent.resolve():
             journal = Path(previous) / JOURNAL_NAME
             if journal.exists():

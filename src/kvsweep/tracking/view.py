@@ -17,13 +17,17 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-CHARTS = ("tpot_ms", "ttft_ms", "kv_cache_bytes", "host_other_cpu_share")
+from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, ci_high, ci_low
+
+CHARTS = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.KV_CACHE_BYTES, Metric.HOST_OTHER_CPU_SHARE)
 # The runs table of the view: the cell's axes, its numbers with their 95% intervals and the
 # contention verdict, so a contended cell is visible beside its numbers (canonical column keys).
 COLUMNS = (
-    "tags.`kvsweep.contended`",
-    "tags.`kvsweep.contention`",
-    *(f"metrics.`{m}`" for m in ("tpot_ms", "tpot_ms_ci_low", "tpot_ms_ci_high", "host_other_cpu_share")),
+    *(f"tags.`{t}`" for t in (ResultTag.CONTENDED, ResultTag.CONTENTION)),
+    *(
+        f"metrics.`{m}`"
+        for m in (Metric.TPOT_MS, ci_low(Metric.TPOT_MS), ci_high(Metric.TPOT_MS), Metric.HOST_OTHER_CPU_SHARE)
+    ),
     *(f"params.`{p}`" for p in ("cache", "context_length", "batch_size", "dtype")),
 )
 SECTION = "kvsweep-compare"
@@ -109,7 +113,7 @@ def save_compare_view(client: Any, experiment_id: str, parent_run_id: str, sweep
     state = compare_view_state(parent_run_id, groups)
     envelope = {"name": f"{sweep}: compare strategies", "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
     key = view_key(parent_run_id)
-    client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{key}", json.dumps(envelope))
+    client.set_experiment_tag(experiment_id, f"{VIEW_TAG_PREFIX}{key}", json.dumps(envelope))
     return key
 
 

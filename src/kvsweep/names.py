@@ -1,0 +1,111 @@
+"""Every name kvsweep writes to MLflow: tags, params, metrics. One module, importable without MLflow.
+
+The names are a contract (DESIGN.md): users' saved views and scripts use them. The cell writes its
+tags and metrics with these constants, tracking logs and reads runs back with them, and the report
+reads results with them, so nothing can drift. `tests/test_sweep.py` checks that a real sweep logs
+exactly what is declared here.
+"""
+
+REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
+
+
+def _values(namespace: type) -> tuple[str, ...]:
+    return tuple(v for k, v in vars(namespace).items() if k.isupper() and isinstance(v, str))
+
+
+class ResultTag:
+    """Tags a cell's result carries (set in the cell or by the driver); they round-trip through MLflow."""
+
+    INFERRED = "kvsweep.inferred"  # "true": recorded as OOM from a smaller cell's OOM, never run
+    OOM_KIND = "kvsweep.oom_kind"  # device | host
+    SHAPE_ONLY = "kvsweep.shape_only"  # "true": a bundled preset, random weights (numbers, not quality)
+    CONTENDED = "kvsweep.contended"  # true | false | unknown
+    CONTENTION = "kvsweep.contention"  # what others took: "host 0.49, steal 0.00; gpu pids 1234"
+    CI_TARGET = "kvsweep.ci_target"  # met | missed, only with measure.target_rel_ci
+    IMPLAUSIBLE = "kvsweep.implausible"  # decode moved more bytes per second than the device can
+    CACHE_CLASS = "kvsweep.cache_class"  # the cache object generate really used
+    LOW_AGREEMENT = "kvsweep.low_agreement"
+    QUALITY = "kvsweep.quality"  # why quality was not measured
+    HOST_PEAK = "kvsweep.host_peak"  # how the host peak was taken
+
+
+class RunTag:
+    """Bookkeeping tags the tracking client writes on parent and cell runs."""
+
+    ROLE = "kvsweep.role"  # sweep | cell
+    SWEEP = "kvsweep.sweep"  # the sweep's name, on the parent and every cell run
+    SWEEP_KEY = "kvsweep.sweep_key"
+    RUN_DIR = "kvsweep.run_dir"
+    COUNTS = "kvsweep.counts"
+    CELL_ID = "kvsweep.cell_id"
+    STATUS = "kvsweep.status"
+    ATTEMPT = "kvsweep.attempt"
+    DEVICE_NAME = "kvsweep.device_name"
+    ERROR = "kvsweep.error"
+    PARENT_ID = "mlflow.parentRunId"
+    RUN_NAME = "mlflow.runName"
+
+
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # experiment tag holding a saved compare view, + its key
+ENV_TAG_PREFIX = "kvsweep.env."  # the cell's environment record, one tag per field
+SWEEP_ROLE, CELL_ROLE = "sweep", "cell"
+CARRIED_TAGS = _values(ResultTag)
+
+
+class Metric:
+    """Per-cell metrics (a cell run's metrics; the report reads the same keys from results)."""
+
+    TTFT_MS = "ttft_ms"
+    TTFT_MS_P90 = "ttft_ms_p90"
+    TPOT_MS = "tpot_ms"
+    TPOT_MS_P90 = "tpot_ms_p90"
+    E2E_MS = "e2e_ms"
+    PREFILL_TOKENS_PER_S = "prefill_tokens_per_s"
+    DECODE_TOKENS_PER_S = "decode_tokens_per_s"
+    FIRST_CALL_MS = "first_call_ms"
+    MODEL_LOAD_S = "model_load_s"
+    REPEATS = "repeats"
+    DISCARDED_CALLS = "discarded_calls"
+    HOST_OTHER_CPU_SHARE = "host_other_cpu_share"
+    HOST_STEAL_SHARE = "host_steal_share"
+    KV_CACHE_BYTES = "kv_cache_bytes"
+    KV_CACHE_BYTES_DENSE = "kv_cache_bytes_dense"
+    PEAK_DEVICE_MEM_BYTES = "peak_device_mem_bytes"
+    PEAK_HOST_RSS_BYTES = "peak_host_rss_bytes"
+    PREDICTED_PEAK_DEVICE_MEM_BYTES = "predicted_peak_device_mem_bytes"
+    PREDICTED_WEIGHTS_BYTES = "predicted_weights_bytes"
+    PREDICTED_KV_DEVICE_BYTES = "predicted_kv_device_bytes"
+    DECODE_BYTES_PER_TOKEN = "decode_bytes_per_token"
+    MEM_BANDWIDTH_GBPS = "mem_bandwidth_gbps"
+    DECODE_BANDWIDTH_UTILIZATION = "decode_bandwidth_utilization"
+    TOKEN_AGREEMENT = "token_agreement"
+    FIRST_DIVERGENCE = "first_divergence"
+    KL_DIVERGENCE = "kl_divergence"
+    KL_DIVERGENCE_MAX = "kl_divergence_max"
+    CELL_WALL_S = "cell_wall_s"
+
+
+TIMED = (Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS)  # medians that carry a 95% interval
+
+
+def ci_low(metric: str) -> str:
+    return f"{metric}_ci_low"
+
+
+def ci_high(metric: str) -> str:
+    return f"{metric}_ci_high"
+
+
+def with_interval(metric: str) -> tuple[str, str, str]:
+    return metric, ci_low(metric), ci_high(metric)
+
+
+INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")  # also logged as metrics, to plot against
+PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
+CELL_PARAMS = (*PARAM_KEYS, "device")
+CELL_METRICS = (*_values(Metric), *(f(m) for m in TIMED for f in (ci_low, ci_high)), *INT_PARAMS)
+
+
+def sweep_count_metric(status: str) -> str:
+    """The parent run's count of cells that ended with `status` (`cells_ok`, `cells_oom` ...)."""
+    return f"cells_{status}"
