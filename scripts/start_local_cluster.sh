@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A multi-node Ray cluster on this one machine, to try cluster mode: a head node plus N worker
 # nodes, each advertising logical GPUs (no real GPU needed; use the stand-in runner to try
-# scheduling: testing.runner=kvsweep.testing.stand_ins:sleep_cell). Stop it with: ray stop
+# scheduling: +testing.runner=kvsweep.testing.stand_ins:sleep_cell). Stop it with: ray stop
 #   NODES=2 GPUS_PER_NODE=2 scripts/start_local_cluster.sh
-#   python -m kvsweep ray.address=127.0.0.1:6379 testing.runner=kvsweep.testing.stand_ins:sleep_cell testing.sleep_s=2
+#   python -m kvsweep ray.address=127.0.0.1:6379 +testing.runner=kvsweep.testing.stand_ins:sleep_cell +testing.sleep_s=2
 set -euo pipefail
 NODES=${NODES:-2}
 GPUS_PER_NODE=${GPUS_PER_NODE:-2}

@@ -58,8 +58,8 @@ def sweep(cluster, tmp_path, *overrides):
             "grid.max_new_tokens=[4]",
             "grid.caches=[dynamic,static]",
             f"ray.address={cluster.address}",
-            "testing.runner=kvsweep.testing.stand_ins:sleep_cell",
-            "testing.sleep_s=3",
+            "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
+            "+testing.sleep_s=3",
             f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
             f"hydra.run.dir={tmp_path}/r",
             *overrides,
@@ -117,3 +117,14 @@ def test_gpu_kind_and_custom_resources_restrict_placement(two_node_cluster, tmp_
     assert len(nodes) == 1  # only the node with fast_disk
     missing = sweep(two_node_cluster, tmp_path, "+ray.resources={nvme: 1}", "rerun=true")
     assert missing.returncode == 2 and "nvme" in missing.stderr and "fast_disk" in missing.stderr
+
+
+def test_dry_run_resolves_device_auto_from_the_cluster_like_a_run(two_node_cluster, tmp_path):
+    """This machine has no GPU, the cluster has four: `auto` means the cluster's, in a dry run as in a run."""
+    import torch
+
+    assert not torch.cuda.is_available()
+    proc = sweep(two_node_cluster, tmp_path, "dry_run=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 cells on cuda" in proc.stdout, proc.stdout
+    assert not (tmp_path / "mlflow.db").exists()  # nothing logged

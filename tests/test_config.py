@@ -12,6 +12,8 @@ import yaml
 from kvsweep.cli import main
 from kvsweep.config.compose import compose_config
 
+ROOT = Path(__file__).resolve().parents[1]
+
 BAD_CONFIGS = [
     (["grid.foo=1"], "unknown config key 'grid.foo'", "context_lengths"),
     (["measure.repeatz=3"], "unknown config key 'measure.repeatz'", "repeats"),
@@ -92,15 +94,15 @@ def test_bad_config_fails_before_ray_starts(tmp_path):
 
 def test_default_is_quickstart_and_sweeps_select_files():
     quick = compose_config([]).config
-    assert quick["name"] == "quickstart"
-    caches = quick["grid"]["caches"]
+    assert quick.name == "quickstart"
+    caches = quick.grid.caches
     assert len(caches) >= 4 and any(c.startswith("quantized") for c in caches)
-    assert len(quick["grid"]["context_lengths"]) >= 2 and len(quick["grid"]["dtypes"]) >= 2
-    assert quick["grid"]["compile"] == [False]
+    assert len(quick.grid.context_lengths) >= 2 and len(quick.grid.dtypes) >= 2
+    assert quick.grid.compile == [False]
     long = compose_config(["+sweep=long_context"]).config
-    assert long["name"] == "long_context"
-    assert min(long["grid"]["context_lengths"]) == 4096 and max(long["grid"]["context_lengths"]) > 128_000
-    assert long["grid"]["batch_sizes"] == [1, 4] and long["grid"]["dtypes"] == ["bfloat16"]
+    assert long.name == "long_context"
+    assert min(long.grid.context_lengths) == 4096 and max(long.grid.context_lengths) > 128_000
+    assert long.grid.batch_sizes == [1, 4] and long.grid.dtypes == ["bfloat16"]
 
 
 def test_overrides_change_axes_and_reserved_static():
@@ -112,23 +114,28 @@ def test_overrides_change_axes_and_reserved_static():
             "ray.address=auto",
         ]
     ).config
-    assert cfg["grid"]["context_lengths"] == [8192, 32768]
-    assert cfg["grid"]["caches"] == ["dynamic", "static@8192"]
-    assert cfg["ray"]["address"] == "auto"
+    assert cfg.grid.context_lengths == [8192, 32768]
+    assert cfg.grid.caches == ["dynamic", "static@8192"]
+    assert cfg.ray.address == "auto"
 
 
 def test_user_sweep_folder(tmp_path, monkeypatch):
     (tmp_path / "mine.yaml").write_text("name: mine\ngrid:\n  caches: [dynamic, no_cache]\n")
     monkeypatch.setenv("KVSWEEP_SWEEPS_PATH", str(tmp_path))
     cfg = compose_config(["+sweep=mine"]).config
-    assert cfg["name"] == "mine" and cfg["grid"]["caches"] == ["dynamic", "no_cache"]
+    assert cfg.name == "mine" and cfg.grid.caches == ["dynamic", "no_cache"]
 
 
-def test_help_lists_every_key(capsys):
+def test_help_lists_every_key_with_the_value_a_run_uses(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for key in ("grid.context_lengths", "measure.repeats", "ray.cell_timeout_s", "mlflow.tracking_uri"):
         assert key in out
+    # What `python -m kvsweep` runs with: the quickstart sweep file over the measure preset over the schema.
+    quickstart = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    repeats = next(line for line in out.splitlines() if line.split()[:1] == ["measure.repeats"])
+    assert repeats.endswith(f"(default {quickstart['measure']['repeats']})"), repeats
+    assert "testing" not in out  # test seams are not part of what users configure
 
 
 def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path, monkeypatch, capsys):
@@ -164,4 +171,4 @@ def test_info_prints_the_search_path_and_the_sweep_files(tmp_path, monkeypatch, 
     assert all(re.search(rf"^\s+{name}\s", out, re.M) for name in [*bundled, "mine"]), out
     assert f"{tmp_path}  (KVSWEEP_SWEEPS_PATH)" in out
     assert f"(overridden by {tmp_path / 'quickstart.yaml'})" in out  # the user's file wins the name
-    assert compose_config(["+sweep=quickstart"]).config["name"] == "my-quickstart"  # as --info said
+    assert compose_config(["+sweep=quickstart"]).config.name == "my-quickstart"  # as --info said

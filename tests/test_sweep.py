@@ -134,12 +134,15 @@ def test_dry_run_prints_plan_and_starts_nothing(tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert code == 0
-    assert "llama-3.1-8b bfloat16 ctx=130944 bs=4" in out and "quantized-hqq-int2" in out
+    assert "ctx130944 bs4 bfloat16 llama-3.1-8b" in out and "quantized-hqq-int2" in out
     assert "MiB" in out and not (tmp_path / "m.db").exists()
     assert "predicted oom" not in out  # no GPU size known here: nothing skipped on a guess
     assert main(["+sweep=long_context", "dry_run=true", "planner.device_memory_gb=80"]) == 0
     sized = capsys.readouterr().out
-    assert "ctx=130944 bs=4 new=128 dynamic" in sized and "skip: predicted oom: needs" in sized
+    line = next(
+        line for line in sized.splitlines() if line.startswith("dynamic ctx130944 bs4 bfloat16 llama-3.1-8b new128")
+    )
+    assert "skip: predicted oom: needs" in line
 
 
 def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):

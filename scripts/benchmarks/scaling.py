@@ -1,7 +1,7 @@
 """Scheduling at scale: trivial cells on simulated clusters of 1 to 16 logical GPUs, and a 2,000-cell driver.
 
 Each measurement starts a Ray cluster on this machine (`ray.cluster_utils.Cluster`, up to 8 logical
-GPUs per node) and runs a grid of stand-in cells (`testing.runner=kvsweep.testing.stand_ins:sleep_cell`,
+GPUs per node) and runs a grid of stand-in cells (`+testing.runner=kvsweep.testing.stand_ins:sleep_cell`,
 which sleeps instead of measuring) through the real sweep path: plan, one fresh actor per cell,
 journal, MLflow on sqlite. Makespan is the scheduler's window (first cell submitted to last result);
 the ideal is cells x sleep / GPUs; efficiency = ideal / makespan.
@@ -98,8 +98,8 @@ def one(gpus: int, rounds: int, cells: int, sleep_s: float, extra: list[str]) ->
             "grid.caches=[dynamic]",
             *axes_for(cells, gpus, rounds),
             f"ray.address={cluster.address}",
-            "testing.runner=kvsweep.testing.stand_ins:sleep_cell",
-            f"testing.sleep_s={sleep_s}",
+            "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
+            f"+testing.sleep_s={sleep_s}",
             f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
             f"hydra.run.dir={tmp}/run",
             "infer_oom=false",

@@ -20,7 +20,7 @@ from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_in
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.grid import Cell, Protocol, cell_id
-from kvsweep.measure.bandwidth import device_bandwidth
+from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
@@ -133,15 +133,31 @@ def _measure(
     )
     sharing.check()
     on_phase("measured")
-    runs = [sample.call for sample in phase.kept]
-    for run in runs:
-        check_cache(strategy, run, cell)
+    for sample in phase.kept:
+        check_cache(strategy, sample.call, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
     _record_noise(result, phase, host, sharing if session_on_cuda(device) else None)
-    quality = quality_or_nothing(session, strategy, runs[-1].new_tokens, model.config.vocab_size, result)
+    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size, result)
+    _record_numbers(result, first, phase, quality, model, shape, bandwidth)
 
+
+def _record_numbers(
+    result: CellResult,
+    first: MeasuredCall,
+    phase: MeasuredPhase[MeasuredCall],
+    quality: dict[str, float],
+    model: torch.nn.Module,
+    shape: KvShape,
+    bandwidth: Bandwidth,
+) -> None:
+    """The contract's metrics, the checks' tags and the raw samples behind them."""
+    cell = Cell(**result.cell)
+    strategy = get_strategy(cell.cache)
+    runs = [sample.call for sample in phase.kept]
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
-    result.metrics.update(first_call_ms=first.times.e2e_ms, kv_cache_bytes=float(runs[-1].kv_bytes), **quality)
+    result.metrics.update(quality)
+    result.metrics[Metric.FIRST_CALL_MS] = first.times.e2e_ms
+    result.metrics[Metric.KV_CACHE_BYTES] = float(runs[-1].kv_bytes)
     result.metrics[Metric.KV_CACHE_BYTES_DENSE] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
@@ -150,7 +166,7 @@ def _measure(
     result.tags.update(cell_tags(runs, result.metrics, bandwidth))
     result.samples = {
         "first_call": _call_samples(first),
-        Metric.REPEATS: [_call_samples(s.call, s.contention) for s in phase.kept],
+        "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
     }
 
@@ -165,7 +181,8 @@ def _record_noise(
         result.tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
     if gpu is not None and gpu.seen:
         result.environment["gpu_other_pids"] = ",".join(map(str, sorted(gpu.seen)))
-    result.metrics.update(host.metrics(), discarded_calls=float(len(phase.discarded)))
+    result.metrics.update(host.metrics())
+    result.metrics[Metric.DISCARDED_CALLS] = float(len(phase.discarded))
 
 
 def _load(

@@ -38,7 +38,7 @@ def rebuild_report(
     from mlflow import MlflowClient
 
     from kvsweep.redact import redact_uri
-    from kvsweep.report.write import ReportContext, settings_from, write_report
+    from kvsweep.report.write import ReportContext, settings_from, write_report, write_tables
     from kvsweep.tracking.readback import cell_results, latest_sweep
     from kvsweep.tracking.urls import default_tracking_uri, run_url
 
@@ -68,8 +68,9 @@ def rebuild_report(
         f"kvsweep report: {name} (parent run {run_id})", settings, links, run_url(uri, experiment_id, run_id)
     )
     report = write_report(results, out or Path("kvsweep-report") / run_id, context)
+    table = write_tables(results, report.folder)
     print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
-    print((report.folder / "results.txt").read_text())
+    print(table)
     print(f"\n{report.short_form}\n")
     print(f"report: {report.folder / 'report.html'}")
     return 0

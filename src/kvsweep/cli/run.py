@@ -11,8 +11,7 @@ USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep 
        python -m kvsweep --info                          print the config search path and the sweep files found
        python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's results table from MLflow
        python -m kvsweep sync [PATH]                     send journaled results MLflow missed (idempotent)
-
-Config keys (Hydra overrides), e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]:
+Overrides are Hydra's, e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]
 """
 
 
@@ -62,31 +61,33 @@ def run_command_line(line: CommandLine) -> int:
 
 def run(overrides: list[str]) -> int:
     from kvsweep.config.compose import compose_config, save_run_config
+    from kvsweep.driver.dry_run import dry_run
     from kvsweep.driver.sweep import run_sweep
-    from kvsweep.plan.sweep_plan import dry_run
 
     composed = compose_config(overrides)
-    if composed.config["dry_run"]:
+    if composed.config.dry_run:
         return dry_run(composed.config)
     save_run_config(composed)
-    return run_sweep(composed.config, composed.yaml, composed.run_dir)
+    return run_sweep(composed.config, composed.yaml, composed.run_dir, seams=composed.seams)
 
 
 def config_help() -> str:
+    """Every key with its help and the value `python -m kvsweep` would use (the default sweep composed)."""
     import dataclasses
 
+    from kvsweep.config.compose import compose_config
     from kvsweep.config.schema import KvSweepConfig
 
-    lines = []
+    used = dataclasses.asdict(compose_config([]).config)
+    lines = ["", "Config keys (key=VALUE), with the value `python -m kvsweep` uses (its default sweep composed):"]
 
-    def walk(node: type, prefix: str) -> None:
+    def walk(node: type, values: dict, prefix: str) -> None:
         for f in dataclasses.fields(node):
-            factory = f.default_factory
-            if dataclasses.is_dataclass(factory):
-                walk(factory, f"{prefix}{f.name}.")
+            if dataclasses.is_dataclass(f.default_factory):
+                walk(f.default_factory, values[f.name], f"{prefix}{f.name}.")
             else:
-                default = f.default if f.default is not dataclasses.MISSING else factory()
-                lines.append(f"  {prefix}{f.name:<22} {f.metadata.get('help', '')} (default {default})")
+                key = f"{prefix}{f.name}"
+                lines.append(f"  {key:<30} {f.metadata.get('help', '')} (default {values[f.name]})")
 
-    walk(KvSweepConfig, "")
+    walk(KvSweepConfig, used, "")
     return "\n".join(lines)

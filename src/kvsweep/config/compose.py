@@ -24,6 +24,7 @@ from kvsweep.config.schema import KvSweepConfig, register_schema
 from kvsweep.config.validate import validate
 from kvsweep.errors import ConfigError, first_line
 from kvsweep.redact import redact_text
+from kvsweep.testing.seams import Seams, seams_from
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"
@@ -53,11 +54,12 @@ def with_default_sweep(overrides: list[str]) -> list[str]:
 
 @dataclasses.dataclass
 class Composed:
-    config: dict[str, Any]  # plain, resolved, validated
+    config: KvSweepConfig  # the schema's typed objects, resolved and validated: what every stage reads
     yaml: str
     run_dir: Path
     overrides: list[str]
     hydra: dict[str, Any] = dataclasses.field(default_factory=dict)  # Hydra's own node, unresolved (--cfg hydra)
+    seams: Seams = dataclasses.field(default_factory=Seams)  # test seams (`+testing.*`), never in the schema
 
 
 @contextmanager
@@ -82,11 +84,15 @@ def compose_config(overrides: list[str]) -> Composed:
             hydra_node = OmegaConf.to_container(cfg.hydra, resolve=False)
             OmegaConf.set_struct(cfg, False)
             cfg.pop("hydra")
+            testing = OmegaConf.to_container(cfg.pop("testing"), resolve=True) if "testing" in cfg else None
             plain = OmegaConf.to_container(cfg, resolve=True)
+            validate(plain)
+            typed = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(describe_error(exc, sweeps)) from None
-    validate(plain)
-    return Composed(plain, OmegaConf.to_yaml(OmegaConf.create(plain)), run_dir, overrides, hydra_node)
+    assert isinstance(typed, KvSweepConfig)
+    yaml = OmegaConf.to_yaml(OmegaConf.create(plain))
+    return Composed(typed, yaml, run_dir, overrides, hydra_node, seams_from(testing))  # type: ignore[arg-type]
 
 
 def describe_error(exc: BaseException, sweeps: list[str]) -> str:

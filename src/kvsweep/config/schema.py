@@ -81,24 +81,6 @@ class ReportConfig:
 
 
 @dataclass
-class FaultConfig:
-    """Test-only seam: inject a fault into matching cells from inside `generate`."""
-
-    match: dict[str, Any] = _help(dict, "cell fields that select cells, e.g. {cache: static}")
-    fault: str = _help("error", "oom | error | hang | exit")
-    during: str = _help(
-        "measure", "measure | quality: which generate calls fail (the cell's own, or the quality check's)"
-    )
-
-
-@dataclass
-class TestingConfig:
-    faults: list[FaultConfig] = _help(list, "test-only fault injection; leave empty")
-    runner: str = _help("", "test-only: 'module:function' measuring a cell instead of kvsweep's runner")
-    sleep_s: float = _help(0.0, "test-only: how long the stand-in runner 'measures'")
-
-
-@dataclass
 class KvSweepConfig:
     name: str = _help("quickstart", "sweep name")
     grid: GridConfig = field(default_factory=GridConfig)
@@ -112,7 +94,6 @@ class KvSweepConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
-    testing: TestingConfig = field(default_factory=TestingConfig)
 
 
 def register_schema() -> None:

@@ -6,7 +6,6 @@ from kvsweep.caches import allowed_cache_names, get_strategy
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
 from kvsweep.names import Metric
-from kvsweep.testing.fault_kinds import FAULTS, PHASES
 
 DEVICES = ("auto", "cuda", "cpu")
 RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)
@@ -51,15 +50,6 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"ray.cell_timeout_s must be positive, got {ray['cell_timeout_s']}")
     if not cfg["mlflow"]["experiment"].strip():
         raise ConfigError("mlflow.experiment is empty; give an experiment name")
-    for i, fault in enumerate(cfg["testing"]["faults"]):
-        if fault["fault"] not in FAULTS:
-            raise ConfigError(
-                f"testing.faults[{i}].fault: unknown fault {fault['fault']!r}; allowed: {', '.join(FAULTS)}"
-            )
-        if fault["during"] not in PHASES:
-            raise ConfigError(
-                f"testing.faults[{i}].during: unknown phase {fault['during']!r}; allowed: {', '.join(PHASES)}"
-            )
 
 
 def _at_least(key: str, value: int, minimum: int) -> None:
@@ -68,14 +58,14 @@ def _at_least(key: str, value: int, minimum: int) -> None:
 
 
 def _validate_measure(m: dict[str, Any]) -> None:
-    _at_least("measure.repeats", m[Metric.REPEATS], 1)
+    _at_least("measure.repeats", m["repeats"], 1)
     _at_least("measure.warmup", m["warmup"], 0)
     _at_least("measure.threads", m["threads"], 0)
     _at_least("measure.max_discarded", m["max_discarded"], 0)
     for key in ("min_duration_s", "max_duration_s", "wait_for_idle_gpu_s", "target_rel_ci"):
         if m[key] < 0:
             raise ConfigError(f"measure.{key} must be >= 0, got {m[key]}")
-    if 0 < m["max_repeats"] < m[Metric.REPEATS]:
+    if 0 < m["max_repeats"] < m["repeats"]:
         raise ConfigError(
             f"measure.max_repeats ({m['max_repeats']}) is below measure.repeats ({m['repeats']}); "
             "raise it or use 0 (= repeats)"

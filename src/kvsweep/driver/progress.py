@@ -56,7 +56,7 @@ class SweepProgress:
             self.measured += 1
         if self.live and result.status in (OK, SKIPPED):
             return  # on a terminal the display shows it; only failures earn a line
-        detail = f"tpot {result.metrics['tpot_ms']:.2f} ms" if Metric.TPOT_MS in result.metrics else result.error
+        detail = f"tpot {result.metrics[Metric.TPOT_MS]:.2f} ms" if Metric.TPOT_MS in result.metrics else result.error
         self._print(f"{self.line()} | {result.status}: {self.label(result.cell)} {detail[:120]}")
 
     def resumed(self, result: CellResult, counts_as_run: bool) -> None:

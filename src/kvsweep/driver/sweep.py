@@ -6,9 +6,11 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
@@ -18,6 +20,7 @@ from kvsweep.model_names import display_names
 from kvsweep.plan.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
+from kvsweep.testing.seams import Seams
 from kvsweep.tracking.delivery import shape_only_tags
 from kvsweep.tracking.journal import Journal, SweepHeader
 
@@ -25,20 +28,23 @@ if TYPE_CHECKING:
     from kvsweep.driver.scheduler import Job
 
 
-def sweep_key(cfg: dict[str, Any]) -> str:
+def sweep_key(cfg: KvSweepConfig) -> str:
     """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run."""
-    identity = {k: cfg[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
-    identity["experiment"] = cfg["mlflow"]["experiment"]
+    whole = asdict(cfg)
+    identity = {k: whole[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
+    identity["experiment"] = cfg.mlflow.experiment
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO | None = None) -> int:
+def run_sweep(
+    cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO | None = None, seams: Seams | None = None
+) -> int:
     """The sweep's stages in order: connect, plan, open tracking, resume, schedule (recording each
     result), then the table, the report and the closing lines. Returns the exit code."""
     from kvsweep.driver import ray_session
 
-    sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout)
-    session = ray_session.connect(cfg["ray"]["address"])  # the tracking URI was made absolute before this
+    sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout, seams or Seams())
+    session = ray_session.connect(cfg.ray.address)  # the tracking URI was made absolute before this
     try:
         sweep.connect(session)
         sweep.plan()
@@ -53,14 +59,14 @@ def run_sweep(cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO 
 class SweepRun:
     """What the stages share: the config, where results go, and the results so far."""
 
-    def __init__(self, cfg: dict[str, Any], config_yaml: str, run_dir: Path, out: TextIO) -> None:
+    def __init__(self, cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO, seams: Seams) -> None:
         from kvsweep.tracking.urls import default_tracking_uri
 
-        self.cfg, self.config_yaml, self.run_dir, self.out = cfg, config_yaml, run_dir, out
-        self.tracking_uri = default_tracking_uri(cfg["mlflow"]["tracking_uri"])  # absolute before Ray starts
+        self.cfg, self.config_yaml, self.run_dir, self.out, self.seams = cfg, config_yaml, run_dir, out, seams
+        self.tracking_uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts
         self.progress: SweepProgress | None = None  # once cells are planned; messages then print above it
         self.results: list[CellResult] = []
-        self.pruner = OomPruner(cfg["infer_oom"])
+        self.pruner = OomPruner(cfg.infer_oom)
 
     def say(self, text: str) -> None:
         if self.progress is None:
@@ -73,18 +79,18 @@ class SweepRun:
         from kvsweep.driver import ray_session
 
         self.session = session
-        self.device = ray_session.resolve_device(self.cfg["device"], session)
-        ray_cfg = self.cfg["ray"]
+        self.device = ray_session.resolve_device(self.cfg.device, session)
+        ray_cfg = self.cfg.ray
         self.needs = ray_session.CellNeeds(
-            gpus=ray_cfg["gpus_per_cell"] if self.device == "cuda" else 0,
-            cpus=ray_cfg["cpus_per_cell"],
-            accelerator_type=ray_cfg["accelerator_type"],
-            resources=ray_cfg["resources"],
+            gpus=ray_cfg.gpus_per_cell if self.device == "cuda" else 0,
+            cpus=ray_cfg.cpus_per_cell,
+            accelerator_type=ray_cfg.accelerator_type,
+            resources=dict(ray_cfg.resources),
         )
         ray_session.check_fits(self.needs)
 
     def plan(self) -> None:
-        self.protocol = protocol_of(self.cfg, self.device)
+        self.protocol = protocol_of(self.cfg.measure, self.device)
         self.planned, self.problems = plan_sweep(self.cfg, self.device)
         self.planned_by_id = {cell_id(p.cell, self.protocol): p for p in self.planned}
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -97,32 +103,32 @@ class SweepRun:
 
         cfg = self.cfg
         params = {
-            "name": cfg["name"],
+            "name": cfg.name,
             "cells": len(self.planned),
             "device": self.device,
-            "trust_remote_code": cfg["trust_remote_code"],
-            **{f"measure.{k}": v for k, v in cfg["measure"].items()},
-            **{f"report.{k}": v for k, v in cfg["report"].items()},
+            "trust_remote_code": cfg.trust_remote_code,
+            **{f"measure.{k}": v for k, v in asdict(cfg.measure).items()},
+            **{f"report.{k}": v for k, v in asdict(cfg.report).items()},
         }
         self.header = SweepHeader(
-            cfg["name"],
+            cfg.name,
             sweep_key(cfg),
-            cfg["mlflow"]["experiment"],
+            cfg.mlflow.experiment,
             redact_uri(self.tracking_uri),  # on disk without credentials; `sync` gets them from MLflow's variables
             self.device,
             self.config_yaml,
             params,
-            model_names=display_names(cfg["grid"]["models"]),
+            model_names=display_names(cfg.grid.models),
         )
         self.journal = Journal(self.run_dir)
         self.journal.write_header(self.header)
         self.sink = MlflowSink(
             SweepTracker(self.tracking_uri, self.header.experiment), self.journal, self.header, self.say
         )
-        self.done = self.sink.open(resume=not cfg["rerun"])
+        self.done = self.sink.open(resume=not cfg.rerun)
         self.say(
-            f"sweep {cfg['name']}: {len(self.planned)} cells on {self.device}; "
-            f"trust_remote_code={cfg['trust_remote_code']}; "
+            f"sweep {cfg.name}: {len(self.planned)} cells on {self.device}; "
+            f"trust_remote_code={cfg.trust_remote_code}; "
             f"MLflow {redact_uri(self.tracking_uri)} parent run {self.sink.parent_run_id or '(pending)'}"
         )
 
@@ -172,22 +178,22 @@ class SweepRun:
         from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
         assert self.progress is not None
-        progress, ray_cfg = self.progress, self.cfg["ray"]
+        progress, ray_cfg = self.progress, self.cfg.ray
         limits = Limits(
             needs=self.needs,
             max_concurrent=max_concurrent(
-                ray_cfg["max_concurrent"], self.device, self.session.gpus, ray_cfg["gpus_per_cell"]
+                ray_cfg.max_concurrent, self.device, self.session.gpus, ray_cfg.gpus_per_cell
             ),
-            cell_timeout_s=ray_cfg["cell_timeout_s"],
-            max_retries=ray_cfg["max_retries"],
-            prestart=ray_cfg["prestart"],
+            cell_timeout_s=ray_cfg.cell_timeout_s,
+            max_retries=ray_cfg.max_retries,
+            prestart=ray_cfg.prestart,
         )
         options = {
-            "trust_remote_code": self.cfg["trust_remote_code"],
-            "wait_idle_gpu_s": self.cfg["measure"]["wait_for_idle_gpu_s"],
+            "trust_remote_code": self.cfg.trust_remote_code,
+            "wait_idle_gpu_s": self.cfg.measure.wait_for_idle_gpu_s,
             "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         }
-        scheduler = CellScheduler(self.protocol.to_dict(), limits, self.cfg["testing"], options)
+        scheduler = CellScheduler(self.protocol.to_dict(), limits, self.seams.to_dict(), options)
 
         def started(job: Job) -> None:
             progress.started(job.cell_id, job.cell)

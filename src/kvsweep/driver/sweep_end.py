@@ -3,11 +3,12 @@
 A report failure is reported and swallowed: every measurement is already journaled and in MLflow.
 """
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from kvsweep.names import REPORT_DIR
 from kvsweep.redact import redact_uri
-from kvsweep.report.table import results_csv, results_table
+from kvsweep.report.write import write_tables
 from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
@@ -20,9 +21,7 @@ def finish(sweep: "SweepRun") -> int:
 
     results, run_dir, say, sink = sweep.results, sweep.run_dir, sweep.say, sweep.sink
     assert sweep.progress is not None
-    table = results_table(results)
-    (run_dir / "results.csv").write_text(results_csv(results))
-    (run_dir / "results.txt").write_text(table)
+    table = write_tables(results, run_dir)
     counts = sweep.progress.counts_by_status()
     sweep.journal.write_end("FINISHED", counts)
     selection = _write_report(sweep)
@@ -60,10 +59,10 @@ def _write_report(sweep: "SweepRun") -> str:
             parent_url = run_url(uri, experiment_id, sink.parent_run_id)
     except Exception:  # MLflow down: the report goes without links
         pass
-    title = f"kvsweep report: {cfg['name']}" + (f" (parent run {sink.parent_run_id})" if sink.parent_run_id else "")
+    title = f"kvsweep report: {cfg.name}" + (f" (parent run {sink.parent_run_id})" if sink.parent_run_id else "")
     try:
         report = write_report(
-            results, run_dir / REPORT_DIR, ReportContext(title, settings_from(cfg["report"]), links, parent_url)
+            results, run_dir / REPORT_DIR, ReportContext(title, settings_from(asdict(cfg.report)), links, parent_url)
         )
     except Exception as exc:
         say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")

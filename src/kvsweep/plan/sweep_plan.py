@@ -1,15 +1,13 @@
 """Planning a whole sweep before anything runs: model facts, each cell's plan, the dry run."""
 
-import sys
-from dataclasses import dataclass
-from typing import Any, TextIO
+from dataclasses import asdict, dataclass
 
+from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.grid import Protocol, expand_grid
 from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config, parameter_count
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
-from kvsweep.redact import redact_text
 from kvsweep.report.table import MIB
 
 
@@ -42,11 +40,11 @@ def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, M
     return facts, problems
 
 
-def plan_sweep(cfg: dict[str, Any], device: str) -> tuple[list[PlannedCell], dict[str, str]]:
-    cells = expand_grid(cfg["grid"])
-    facts, problems = model_facts(cfg["grid"]["models"], cfg["trust_remote_code"])
-    planner = cfg["planner"]
-    device_bytes = detect_device_bytes(device, planner["device_memory_gb"])
+def plan_sweep(cfg: KvSweepConfig, device: str) -> tuple[list[PlannedCell], dict[str, str]]:
+    cells = expand_grid(asdict(cfg.grid))
+    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
+    planner = cfg.planner
+    device_bytes = detect_device_bytes(device, planner.device_memory_gb)
     planned = []
     for cell in cells:
         fact = facts.get(cell.model)
@@ -57,7 +55,7 @@ def plan_sweep(cfg: dict[str, Any], device: str) -> tuple[list[PlannedCell], dic
                 fact.shape if fact else None,
                 parameters=fact.parameters if fact else None,
                 device_bytes=device_bytes,
-                skip_predicted_oom=planner["skip_predicted_oom"],
+                skip_predicted_oom=planner.skip_predicted_oom,
             )
         )
     return planned, problems
@@ -87,29 +85,17 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
     }
 
 
-def protocol_of(cfg: dict[str, Any], device: str) -> Protocol:
-    m = cfg["measure"]
+def protocol_of(m: MeasureConfig, device: str) -> Protocol:
     return Protocol(
-        warmup=m["warmup"],
-        repeats=m[Metric.REPEATS],
-        seed=m["seed"],
+        warmup=m.warmup,
+        repeats=m.repeats,
+        seed=m.seed,
         device=device,
-        threads=m["threads"],
-        min_duration_s=m["min_duration_s"],
-        max_repeats=m["max_repeats"],
-        max_host_contention=m["max_host_contention"],
-        max_discarded=m["max_discarded"],
-        target_rel_ci=m["target_rel_ci"],
-        max_duration_s=m["max_duration_s"],
+        threads=m.threads,
+        min_duration_s=m.min_duration_s,
+        max_repeats=m.max_repeats,
+        max_host_contention=m.max_host_contention,
+        max_discarded=m.max_discarded,
+        target_rel_ci=m.target_rel_ci,
+        max_duration_s=m.max_duration_s,
     )
-
-
-def dry_run(cfg: dict[str, Any], out: TextIO | None = None) -> int:
-    """Plan only: resolve `auto` from this machine, start nothing."""
-    out = out or sys.stdout
-    import torch
-
-    device = cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    planned, problems = plan_sweep(cfg, device)
-    print(redact_text(f"sweep {cfg['name']} (dry run)\n{plan_text(planned, problems, device)}"), file=out)
-    return 0

@@ -1,4 +1,4 @@
-"""Write a sweep's report into a folder: plots/, selection.md, report.html, results.csv/.txt.
+"""Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt).
 
 The same function serves the end of a live sweep (folder `<run dir>/report`, then logged on the
 parent run under `report/`) and `python -m kvsweep report` (from MLflow alone).
@@ -16,7 +16,7 @@ from kvsweep.report.selection import Decision, Settings, decide
 from kvsweep.report.table import results_csv, results_table
 from kvsweep.results import CellResult
 
-__all__ = ["REPORT_DIR", "Report", "ReportContext", "settings_from", "write_report"]
+__all__ = ["REPORT_DIR", "Report", "ReportContext", "settings_from", "write_report", "write_tables"]
 
 
 @dataclass
@@ -55,6 +55,13 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
     (folder / "selection.md").write_text(selection_markdown(context.title, decisions, context.links))
     page = render_page(context.title, intro(decisions), decisions, plots, context.links, context.parent_url)
     (folder / "report.html").write_text(page)
-    (folder / "results.csv").write_text(results_csv(results))
-    (folder / "results.txt").write_text(results_table(results))
     return Report(folder, decisions, plots)
+
+
+def write_tables(results: list[CellResult], folder: Path) -> str:
+    """`results.csv` and `results.txt` (the terminal table, returned): once per sweep, in its run folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    table = results_table(results)
+    (folder / "results.csv").write_text(results_csv(results))
+    (folder / "results.txt").write_text(table)
+    return table

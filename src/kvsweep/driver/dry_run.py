@@ -1,0 +1,36 @@
+"""`dry_run=true`: the grid and each cell's plan, with `device=auto` resolved exactly as a run would.
+
+A run resolves `auto` from the Ray cluster's GPUs. Joining a cluster (`ray.address`), the dry run asks
+that cluster (a driver connection, no actor); otherwise a run would start a local instance holding
+this machine's GPUs, so the dry run counts those. Nothing is measured or logged.
+"""
+
+import os
+import sys
+from typing import TextIO
+
+from kvsweep.config.schema import KvSweepConfig
+from kvsweep.driver import ray_session
+from kvsweep.plan.sweep_plan import plan_sweep, plan_text
+from kvsweep.redact import redact_text
+
+
+def dry_run(cfg: KvSweepConfig, out: TextIO | None = None) -> int:
+    # An explicit device is planned as asked, even where it is absent (plan a GPU sweep from a laptop).
+    device = (
+        cfg.device if cfg.device != "auto" else ray_session.resolve_device("auto", cluster_resources(cfg.ray.address))
+    )
+    planned, problems = plan_sweep(cfg, device)
+    print(redact_text(f"sweep {cfg.name} (dry run)\n{plan_text(planned, problems, device)}"), file=out or sys.stdout)
+    return 0
+
+
+def cluster_resources(address: str) -> ray_session.RaySession:
+    """What `ray_session.connect` would find, without starting a local instance."""
+    if address:
+        session = ray_session.connect(address)
+        ray_session.shutdown(session)
+        return session
+    import torch
+
+    return ray_session.RaySession(False, float(torch.cuda.device_count()), float(os.cpu_count() or 1))

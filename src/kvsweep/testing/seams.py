@@ -1,0 +1,51 @@
+"""Test seams a sweep accepts outside the user-facing config: `+testing.faults=[...]`, `+testing.runner=...`.
+
+They are in neither the schema, `--help` nor the saved config. Composition takes the `testing` node
+off the composed config before it becomes typed and hands it here, where it is checked (one line per
+mistake, like any config key) and becomes the plain dict the driver sends to each cell's actor.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvsweep.errors import ConfigError
+from kvsweep.testing.fault_kinds import FAULTS, PHASES
+
+FAULT_KEYS = ("match", "fault", "during")
+SEAM_KEYS = ("faults", "runner", "sleep_s")
+
+
+@dataclass(frozen=True)
+class Seams:
+    faults: list[dict[str, Any]] = field(default_factory=list)  # {match: cell fields, fault, during}
+    runner: str = ""  # 'module:function' measuring a cell instead of kvsweep's runner (stand_ins.py)
+    sleep_s: float = 0.0  # how long the stand-in runner 'measures'
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def seams_from(raw: dict[str, Any] | None) -> Seams:
+    """The `testing` node as given on the command line, checked; None (the user's case) means no seams."""
+    raw = dict(raw or {})
+    unknown = sorted(set(raw) - {"faults", "runner", "sleep_s"})
+    if unknown:
+        raise ConfigError(
+            f"unknown config key 'testing.{unknown[0]}'; allowed keys under testing: faults, runner, sleep_s"
+        )
+    faults = [_fault(i, fault) for i, fault in enumerate(raw.get("faults") or [])]
+    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0))
+
+
+def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
+    fault = {"match": {}, "fault": "error", "during": "measure", **given}
+    unknown = sorted(set(fault) - set(FAULT_KEYS))
+    if unknown:
+        raise ConfigError(f"testing.faults[{i}].{unknown[0]}: unknown key; allowed: {', '.join(FAULT_KEYS)}")
+    if fault["fault"] not in FAULTS:
+        raise ConfigError(f"testing.faults[{i}].fault: unknown fault {fault['fault']!r}; allowed: {', '.join(FAULTS)}")
+    if fault["during"] not in PHASES:
+        raise ConfigError(
+            f"testing.faults[{i}].during: unknown phase {fault['during']!r}; allowed: {', '.join(PHASES)}"
+        )
+    return fault
