@@ -3,6 +3,7 @@
 Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
 device peaks (flat when each call is one request), KV bytes and decode bandwidth utilization.
 Exits 1 when a cell that was not skipped failed, or a peak climbs by more than a tenth of its cache.
+Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`).
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
 """
 
@@ -18,9 +19,10 @@ MIB = 1 << 20
 def main(folder: str) -> int:
     journal = Journal(Path(folder)).read()
     failures = 0
-    for result in journal.latest_results():
+    results = journal.latest_results()
+    for result in results:
         cell, tags, metrics = result.cell, result.tags, result.metrics
-        name = f"{cell['cache']}{' compiled' if cell['compile'] else ''}"
+        name = f"{cell.cache}{' compiled' if cell.compile else ''}"
         line = f"{name:32s} {result.status:8s}"
         if result.status == OK:
             peaks = [s.get("peak_device_mem_bytes") or 0 for s in result.samples.get("repeats", [])]
@@ -36,6 +38,10 @@ def main(folder: str) -> int:
             failures += result.status != SKIPPED
             line += f" {result.error[:160]}"
         print(line)
+    ran = [r for r in results if r.status != SKIPPED]
+    forked = [r for r in ran if r.environment.get("template")]
+    # A template refuses to fork once CUDA is initialised in it, so a forked cell proves a clean one.
+    print(f"forked from a CUDA-clean template: {len(forked)} of {len(ran)} cells that ran")
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 

@@ -25,7 +25,7 @@ STAND_IN = {"runner": "kvsweep.testing.stand_ins:sleep_cell"}
 
 def job(cache: str = "dynamic", context: int = 64, batch: int = 1) -> Job:
     cell = Cell("tiny-llama", "float32", context, batch, 4, cache, False)
-    return Job(cell_id(cell, PROTOCOL), cell.to_dict())
+    return Job(cell_id(cell, PROTOCOL), cell)
 
 
 def test_the_pruner_records_larger_cells_of_an_oomed_family_without_running_them():

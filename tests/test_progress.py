@@ -14,21 +14,14 @@ import time
 
 from conftest import FAST
 from kvsweep.driver.progress import SweepProgress
+from kvsweep.grid import Cell
 from kvsweep.results import CellResult
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def cell(cache: str, context: int = 64) -> dict:
-    return {
-        "model": "/srv/models/local-llama",
-        "dtype": "float32",
-        "context_length": context,
-        "batch_size": 1,
-        "max_new_tokens": 4,
-        "cache": cache,
-        "compile": False,
-    }
+def cell(cache: str, context: int = 64) -> Cell:
+    return Cell("/srv/models/local-llama", "float32", context, 1, 4, cache, False)
 
 
 def test_live_display_shows_running_cells_counts_and_eta():

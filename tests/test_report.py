@@ -7,6 +7,7 @@ from matplotlib.image import imread
 from mlflow import MlflowClient
 
 from kvsweep.cli import main
+from kvsweep.grid import Cell
 from kvsweep.report.markdown import short_form
 from kvsweep.report.pareto import pareto_frontier
 from kvsweep.report.selection import Settings, decide
@@ -14,15 +15,7 @@ from kvsweep.results import CellResult
 
 
 def result(cache, status="ok", model="org/trained", context=1024, compile=False, error="", tags=None, **metrics):
-    cell = {
-        "model": model,
-        "dtype": "bfloat16",
-        "context_length": context,
-        "batch_size": 1,
-        "max_new_tokens": 32,
-        "cache": cache,
-        "compile": compile,
-    }
+    cell = Cell(model, "bfloat16", context, 1, 32, cache, compile)
     defaults = {"tpot_ms": 10.0, "ttft_ms": 100.0, "kv_cache_bytes": 1000.0, "token_agreement": 1.0}
     return CellResult(
         f"{cache}-{context}", cell, status, error, {**defaults, **metrics} if status == "ok" else {}, tags=tags or {}
@@ -78,7 +71,7 @@ def test_drifting_outputs_are_flagged_and_not_picked_for_a_trained_model():
     assert trained.fastest.label == "dynamic" and trained.leanest.label == "dynamic"
     assert "flagged: quantized-quanto-int2 token agreement 0.40 < 0.90" in trained.summary()
     shape_only = [
-        result(r.cell["cache"], model="tiny-llama", tags={"kvsweep.shape_only": "true"}, **r.metrics) for r in cells
+        result(r.cell.cache, model="tiny-llama", tags={"kvsweep.shape_only": "true"}, **r.metrics) for r in cells
     ]
     [preset] = decide(shape_only, Settings(min_token_agreement=0.9))
     assert preset.fastest.label == "quantized-quanto-int2"  # random weights: flagged, still eligible

@@ -36,4 +36,5 @@ def test_summary_names_each_cells_cache_class_and_peaks(run_sweep):
     assert any(line.startswith("dynamic") and "DynamicCache/DynamicLayer" in line for line in lines), lines
     assert any(line.startswith("static") and "StaticCache/StaticLayer max_cache_len=67" in line for line in lines)
     assert any(line.startswith("offloaded") and "skipped" in line and "CUDA" in line for line in lines)
+    assert "forked from a CUDA-clean template: 2 of 2 cells that ran" in lines  # dynamic and static
     assert lines[-1] == "OK: 0 problem(s)"

@@ -30,14 +30,20 @@ CELL_PHASES = [
     ("actor start (Ray placement, process start, worker boot)", "requested_at", "actor_init_at"),
     ("imports (spare: only the part not overlapped)", "prepare_at", "prepared_at"),
     ("idle spare waiting for its cell", "prepared_at", "run_at"),
-    ("imports", "run_at", "imported_at"),
+    ("imports (forked: the fork hand-off)", "run_at", "imported_at"),
     ("model build", "imported_at", "built_at"),
     ("cold call + warmup", "built_at", "measuring_at"),
     ("gate wait (a spare is importing)", "measuring_at", "gate_passed_at"),
     ("measurement", "gate_passed_at", "measured_at"),
     ("quality baseline + summary", "measured_at", "returned_at"),
 ]
-DRIVER_PHASES = ["driver imports", "config + plan", "Ray start", "MLflow (parent run, on the critical path)"]
+DRIVER_PHASES = [
+    "driver imports",
+    "config + plan",
+    "Ray start",
+    "template start (once per node)",
+    "MLflow (parent run, on the critical path)",
+]
 END_PHASES = ["report + MLflow close", "Ray shutdown"]
 
 
@@ -58,7 +64,7 @@ def grid(quick: bool) -> list[str]:
 
 # -- the driver process (child): a real sweep with timers around the driver's calls
 def child(out_dir: Path, overrides: list[str]) -> None:
-    from kvsweep.cell.actor import process_started_at
+    from kvsweep.cell.process_clock import process_started_at
 
     marks: dict[str, float] = {"process_started_at": process_started_at()}
     # The imports a sweep makes anyway (torch: a local Ray start counts the machine's GPUs), timed as one phase.
@@ -91,6 +97,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
     timed(sink.MlflowSink, "started", "mlflow_started", key=lambda self, cid, cell: cid)
     timed(sink.MlflowSink, "finished", "mlflow_finished", key=lambda self, result: result.cell_id)
     timed(scheduler.CellScheduler, "run", "cells")
+    timed(scheduler, "start_templates", "template_start")
     timed(sweep, "run_sweep", "run_sweep")
     from kvsweep.cli import main
 
@@ -144,11 +151,14 @@ def breakdown(driver: dict, cells: list[dict], subprocess_wall: float) -> dict:
     phases["driver imports"] = marks["imports_done_at"] - t0
     phases["Ray start"] = ray_start[1] - ray_start[0]
     phases["MLflow (parent run, on the critical path)"] = mlflow_open[1] - mlflow_open[0]
+    template = next(((s, e) for what, _, s, e in spans if what == "template_start"), (0.0, 0.0))
+    phases["template start (once per node)"] = template[1] - template[0]
     phases["config + plan"] = (
         cells_start
         - marks["imports_done_at"]
         - phases["Ray start"]
         - phases["MLflow (parent run, on the critical path)"]
+        - phases["template start (once per node)"]
     )
     ran = [c for c in cells if c["status"] == "ok" and c["environment"].get("timeline")]
     ran.sort(key=lambda c: finished_at.get(c["cell_id"], 0.0))
@@ -186,7 +196,10 @@ def breakdown(driver: dict, cells: list[dict], subprocess_wall: float) -> dict:
     }
 
 
-VARIANTS = [("prestart off", ["ray.prestart=0"]), ("prestart on", ["ray.prestart=1"])]
+VARIANTS = [
+    ("own process, prestart on", ["ray.fork_cells=false", "ray.prestart=1"]),
+    ("forked from template", ["ray.fork_cells=true", "ray.prestart=1"]),
+]
 
 
 def run(quick: bool) -> Section:

@@ -3,7 +3,6 @@
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +29,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return cell_label(self.to_dict())
+        return cell_label(self)
 
     @property
     def cached_tokens(self) -> int:
@@ -74,18 +73,18 @@ class Protocol:
         return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
 
 
-def strategy_label(cell: Mapping[str, Any]) -> str:
+def strategy_label(cell: Cell) -> str:
     """`static+compile`: the strategy as a cell runs it, the name a report row and a run name start with."""
-    return str(cell["cache"]) + ("+compile" if cell["compile"] else "")
+    return cell.cache + ("+compile" if cell.compile else "")
 
 
-def cell_label(cell: Mapping[str, Any], model_name: str = "") -> str:
+def cell_label(cell: Cell, model_name: str = "") -> str:
     """`static+compile ctx64 bs1 float32 local-llama`: the cell's MLflow run name, progress line and plan line.
 
     The model by its display name (model_names.py); the run name is part of the MLflow contract.
     """
-    model = model_name or short_name(str(cell["model"]))
-    return f"{strategy_label(cell)} ctx{cell['context_length']} bs{cell['batch_size']} {cell['dtype']} {model}"
+    model = model_name or short_name(cell.model)
+    return f"{strategy_label(cell)} ctx{cell.context_length} bs{cell.batch_size} {cell.dtype} {model}"
 
 
 def cell_id(cell: Cell, protocol: Protocol) -> str:

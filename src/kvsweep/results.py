@@ -3,6 +3,8 @@
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvsweep.grid import Cell
+
 OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED = "ok", "oom", "skipped", "error", "timeout", "crashed"
 STATUSES = (OK, OOM, SKIPPED, ERROR, TIMEOUT, CRASHED)
 # Statuses that count as a result for the exit code; the others make the sweep exit 1.
@@ -14,7 +16,7 @@ RETRIED_STATUSES = frozenset({CRASHED, TIMEOUT})
 @dataclass
 class CellResult:
     cell_id: str
-    cell: dict[str, Any]
+    cell: Cell
     status: str
     error: str = ""  # short message when not ok
     metrics: dict[str, float] = field(default_factory=dict)
@@ -26,8 +28,9 @@ class CellResult:
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags (kvsweep.oom_kind, kvsweep.inferred)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data for Ray and the journal (the cell becomes its fields)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CellResult":
-        return cls(**data)
+        return cls(**{**data, "cell": Cell(**data["cell"])})

@@ -1,24 +1,47 @@
-"""The cell's side of Ray: an actor that lives for exactly one cell, and the host's preparation gate.
+"""The cell's side of Ray: an actor that lives for exactly one cell and holds its GPUs meanwhile.
 
 The driver (`driver/scheduler.py`) creates one `CellActor` per cell (or a spare ahead of need) and
-kills it when the cell is done. Inside, `run` measures the cell with `cell/run.py`. A spare has only
-imported the cell code; on a CPU host it imports under the host's gate held exclusively, and a cell's
-measured phase holds the gate shared, so no spare prepares while a cell on this host is measured.
+kills it when the cell is done. The measurement runs in a fresh process forked from the node's warm
+template (`cell/template.py`), which watches this actor and dies with it; with `ray.fork_cells=false`
+(or no template) it runs here, in this actor's own process, as before. A spare has only started; on
+a CPU host anything it prepares happens under the host's gate held exclusively, and a cell's measured
+phase holds the gate shared, so nothing prepares while a cell on this host is measured.
 """
 
 import contextlib
-import fcntl
 import importlib
 import os
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import ray
 
+from kvsweep.cell.gate import gate_path, host_gate
+from kvsweep.cell.host_oom import oom_kills
+from kvsweep.cell.process_clock import process_started_at
+
 RUNNER_MODULE = "kvsweep.cell.run"
+TEMPLATE_PREFIX = "kvsweep-template-"
+# What the forked process takes from this actor: Ray's GPU assignment and thread count.
+FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class CellProcessDied(RuntimeError):
+    """The cell's forked process ended without a result (a crash, a kill)."""
+
+    def __init__(self, exitcode: int | None, host_oom: bool) -> None:
+        how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+        how = how if exitcode is not None else "its template died"
+        super().__init__(f"cell process died ({how})" + ("; the kernel killed it for host memory" if host_oom else ""))
+        self.exitcode, self.host_oom = exitcode, host_oom
+
+    def __reduce__(self) -> tuple[type, tuple[int | None, bool]]:  # crosses Ray back to the driver
+        return CellProcessDied, (self.exitcode, self.host_oom)
+
+
+def template_name(node_id: str) -> str:
+    return f"{TEMPLATE_PREFIX}{node_id}"
 
 
 class CellActor:
@@ -35,7 +58,7 @@ class CellActor:
         self._measuring: Any = None
         self._gated = gated
         if prepare:
-            with host_gate(exclusive=True) if gated else contextlib.nullcontext():
+            with host_gate(self._gate_path(), exclusive=True) if gated else contextlib.nullcontext():
                 self.timeline["prepare_at"] = time.time()
                 importlib.import_module(prepare)
             self.timeline["prepared_at"] = time.time()
@@ -43,19 +66,12 @@ class CellActor:
     def ready(self) -> bool:
         return True
 
-    def run(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
+    def run(self, cell: dict, protocol: dict, testing: dict, options: dict, forked: bool = False) -> dict:
         started_at = time.time()
         self.timeline["run_at"] = started_at
-        if testing.get("runner"):
-            module, _, function = testing["runner"].partition(":")
-            runner = getattr(importlib.import_module(module), function)
-            self.timeline["imported_at"] = time.time()
-            result = runner(cell, protocol, testing)
-        else:
-            from kvsweep.cell.run import run_cell
-
-            self.timeline["imported_at"] = time.time()
-            result = run_cell(cell, protocol, testing.get("faults", []), on_phase=self._phase, **options)
+        result = (
+            self._forked(cell, protocol, testing, options) if forked else self._here(cell, protocol, testing, options)
+        )
         if self._measuring is not None:  # the cell failed inside its measured phase
             self._measuring.__exit__(None, None, None)
         context = ray.get_runtime_context()
@@ -70,34 +86,60 @@ class CellActor:
         )
         return result
 
+    def _here(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
+        if testing.get("runner"):
+            module, _, function = testing["runner"].partition(":")
+            runner = getattr(importlib.import_module(module), function)
+            self.timeline["imported_at"] = time.time()
+            return runner(cell, protocol, testing)
+        from kvsweep.cell.run import run_cell
+
+        self.timeline["imported_at"] = time.time()
+        return run_cell(cell, protocol, testing.get("faults", []), on_phase=self._phase, **options)
+
+    def _forked(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
+        """Measure in a fresh process forked from this node's template; it dies with this actor."""
+        try:
+            template = ray.get_actor(template_name(ray.get_runtime_context().get_node_id()))
+        except ValueError:  # this node's template is gone for good (restarts used up): measure here
+            return self._here(cell, protocol, testing, options)
+        request = {
+            "cell": cell,
+            "protocol": protocol,
+            "testing": testing,
+            "options": options,
+            "env": {k: os.environ.get(k) for k in FORWARDED_ENV},  # None: unset there too
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "owner_pid": os.getpid(),
+            "gate_path": self._gate_path() if self._gated else "",
+        }
+        kills_before = oom_kills()
+        try:
+            # By value: a strategy registered in the driver may live in a module the cell cannot import.
+            reply = ray.get(template.measure.remote(cloudpickle.dumps(request)))
+        except ray.exceptions.OutOfMemoryError:
+            raise CellProcessDied(None, host_oom=True) from None
+        except ray.exceptions.RayActorError as exc:  # the template died under this cell (Ray restarts it)
+            raise CellProcessDied(None, host_oom="out_of_memory" in str(exc).lower()) from exc
+        self.timeline["forked_at"] = reply["forked_at"]
+        if reply["result"] is None:
+            kills_after = oom_kills()
+            host_oom = kills_before is not None and kills_after is not None and kills_after > kills_before
+            raise CellProcessDied(reply["exitcode"], host_oom)
+        result = reply["result"]
+        result["environment"]["template"] = reply["template"]
+        self.timeline.update(result["environment"]["forked"].pop("timeline"))
+        return result
+
+    def _gate_path(self) -> str:
+        return gate_path(ray.get_runtime_context().get_session_name())
+
     def _phase(self, name: str) -> None:
         self.timeline[f"{name}_at"] = time.time()
         if name == "measuring" and self._gated:  # wait until no spare imports on this host, then keep them out
-            self._measuring = host_gate(exclusive=False)
+            self._measuring = host_gate(self._gate_path(), exclusive=False)
             self._measuring.__enter__()
             self.timeline["gate_passed_at"] = time.time()
         elif name == "measured" and self._measuring is not None:
             self._measuring.__exit__(None, None, None)
             self._measuring = None
-
-
-def process_started_at() -> float:
-    """Wall-clock start of this process from /proc (psutil's create_time is only good to a second)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
-
-
-@contextlib.contextmanager
-def host_gate(exclusive: bool) -> Iterator[None]:
-    """The host's preparation gate for this Ray session: spares hold it exclusively, measured phases shared."""
-    path = os.path.join(tempfile.gettempdir(), f"kvsweep-gate-{ray.get_runtime_context().get_session_name()}.lock")
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

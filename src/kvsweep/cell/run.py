@@ -62,7 +62,7 @@ def run_cell(
     cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
     torch.set_num_threads(resolve_threads(protocol.threads))
     warnings.filterwarnings("ignore")
-    result = CellResult(cell_id(cell, protocol), cell.to_dict(), OK)
+    result = CellResult(cell_id(cell, protocol), cell, OK)
     result.environment = describe_environment(protocol.device)
     try:
         _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
@@ -151,7 +151,7 @@ def _record_numbers(
     bandwidth: Bandwidth,
 ) -> None:
     """The contract's metrics, the checks' tags and the raw samples behind them."""
-    cell = Cell(**result.cell)
+    cell = result.cell
     strategy = get_strategy(cell.cache)
     runs = [sample.call for sample in phase.kept]
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))

@@ -5,9 +5,8 @@ new tokens) as a cell that ran out of memory is recorded as `oom` with `kvsweep.
 instead of being run. Jobs are ordered small to large so this can work.
 """
 
-from typing import Any
-
 from kvsweep.driver.scheduler import Job
+from kvsweep.grid import Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import OOM, CellResult
 
@@ -17,13 +16,13 @@ FAMILY = ("model", "dtype", "cache", "compile")
 
 def size_order(job: Job) -> tuple[int, int]:
     cell = job.cell
-    return (cell["batch_size"] * (cell["context_length"] + cell["max_new_tokens"]), cell["batch_size"])
+    return (cell.batch_size * (cell.context_length + cell.max_new_tokens), cell.batch_size)
 
 
 class OomPruner:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.out_of_memory: list[tuple[dict[str, Any], str]] = []  # (cell, oom kind)
+        self.out_of_memory: list[tuple[Cell, str]] = []  # (cell, oom kind)
 
     def observe(self, result: CellResult) -> None:
         if result.status == OOM and result.tags.get(ResultTag.INFERRED) != "true":
@@ -34,8 +33,9 @@ class OomPruner:
         if not self.enabled:
             return None
         for smaller, kind in self.out_of_memory:
-            if all(job.cell[k] == smaller[k] for k in FAMILY) and all(job.cell[k] >= smaller[k] for k in SIZE_AXES):
-                cause = f"ctx={smaller['context_length']} bs={smaller['batch_size']} new={smaller['max_new_tokens']}"
+            same_family = all(getattr(job.cell, k) == getattr(smaller, k) for k in FAMILY)
+            if same_family and all(getattr(job.cell, k) >= getattr(smaller, k) for k in SIZE_AXES):
+                cause = f"ctx={smaller.context_length} bs={smaller.batch_size} new={smaller.max_new_tokens}"
                 return CellResult(
                     job.cell_id,
                     job.cell,

@@ -11,9 +11,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TextIO
 
-from kvsweep.grid import cell_label
+from kvsweep.grid import Cell, cell_label
 from kvsweep.names import Metric
 from kvsweep.results import OK, SKIPPED, STATUSES, CellResult
 
@@ -43,10 +43,10 @@ class SweepProgress:
         self.measured = 0  # cells that ran (not planned skips), for the ETA
         self._print = self._print_line  # the live display swaps in its own while it is shown
 
-    def label(self, cell: dict[str, Any]) -> str:
-        return cell_label(cell, self.model_names.get(str(cell["model"]), ""))
+    def label(self, cell: Cell) -> str:
+        return cell_label(cell, self.model_names.get(cell.model, ""))
 
-    def started(self, cell_id: str, cell: dict[str, Any]) -> None:
+    def started(self, cell_id: str, cell: Cell) -> None:
         self.running[cell_id] = (self.label(cell), time.monotonic())
 
     def finished(self, result: CellResult, ran: bool = True) -> None:

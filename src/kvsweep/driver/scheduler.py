@@ -22,9 +22,11 @@ from typing import Any
 
 import ray
 
-from kvsweep.cell.actor import RUNNER_MODULE, CellActor
+from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied, template_name
+from kvsweep.cell.template import CellTemplate
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.errors import first_line
+from kvsweep.grid import Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
 
@@ -43,7 +45,7 @@ class Limits:
 @dataclass
 class Job:
     cell_id: str
-    cell: dict[str, Any]
+    cell: Cell
     attempt: int = 1
 
 
@@ -67,6 +69,7 @@ class CellScheduler:
         limits: Limits,
         testing: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
+        fork: bool = False,
     ) -> None:
         """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies)."""
         self.protocol = protocol
@@ -77,8 +80,12 @@ class CellScheduler:
         self.spares: deque[_Spare] = deque()
         self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **limits.needs.actor_options())(CellActor)
         runner = self.testing.get("runner") or ""
-        self.prepare_module = runner.partition(":")[0] if runner else RUNNER_MODULE
         self.gated = protocol.get("device", "cpu") == "cpu"  # see the module docstring
+        # The handles keep the templates alive (Ray ends an actor when no handle refers to it).
+        self.templates, self.template_problem = start_templates() if fork else ([], "")
+        self.forked = fork and not self.template_problem
+        # A spare of a forked sweep only starts its (light) process; otherwise it imports the cell code.
+        self.prepare_module = "" if self.forked else (runner.partition(":")[0] if runner else RUNNER_MODULE)
 
     def run(
         self,
@@ -133,7 +140,7 @@ class CellScheduler:
                 on_result(answered)
                 continue
             actor = self._actor()
-            ref = actor.run.remote(job.cell, self.protocol, self.testing, self.options)
+            ref = actor.run.remote(job.cell.to_dict(), self.protocol, self.testing, self.options, self.forked)
             self.running[ref] = _Running(job, actor)
             started.append(job)
         self._prestart(len(waiting))
@@ -177,6 +184,35 @@ class CellScheduler:
         return jobs
 
 
+TEMPLATE_RESTARTS = 2
+TEMPLATE_START_S = 300.0  # preloading torch and Transformers on a busy node
+
+
+def start_templates() -> tuple[list[Any], str]:
+    """One warm template per live node (reused when this driver already has it), and "" when all are
+    ready, else why not (the sweep then measures in each cell's own actor process)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # A dead template is replaced by a fresh one (Ray restarts it) a few times per sweep, never reused.
+    template_class = ray.remote(num_cpus=0, max_restarts=TEMPLATE_RESTARTS, max_task_retries=0, max_concurrency=64)(
+        CellTemplate
+    )
+    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    handles = [
+        template_class.options(
+            name=template_name(node),
+            get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote()
+        for node in nodes
+    ]
+    try:
+        ray.get([handle.ready.remote() for handle in handles], timeout=TEMPLATE_START_S)
+    except Exception as exc:  # e.g. killed while starting (Ray's memory monitor), an import that touched CUDA
+        return [], first_line(exc)
+    return handles, ""
+
+
 def _collect(ref: Any, entry: _Running) -> CellResult:
     try:
         data = ray.get(ref)
@@ -187,6 +223,11 @@ def _collect(ref: Any, entry: _Running) -> CellResult:
     except ray.exceptions.RayActorError as exc:
         return _driver_result(entry, CRASHED, f"cell process died: {first_line(exc)}")
     except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, CellProcessDied):  # the forked process ended without a result
+            result = _driver_result(entry, OOM if exc.cause.host_oom else CRASHED, str(exc.cause))
+            if exc.cause.host_oom:
+                result.tags[ResultTag.OOM_KIND] = "host"
+            return result
         return _driver_result(entry, ERROR, f"{type(exc.cause).__name__}: {exc.cause}")
     result = CellResult.from_dict(data)
     result.wall_s = time.monotonic() - entry.started

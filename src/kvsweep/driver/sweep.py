@@ -6,7 +6,7 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -146,11 +146,11 @@ class SweepRun:
                 self.pruner.observe(self.done[cid])
                 self.progress.resumed(self.done[cid], counts_as_run=p.runs)
             elif p.cell.model in self.problems:
-                self.record(CellResult(cid, p.cell.to_dict(), ERROR, error=self.problems[p.cell.model]), ran=False)
+                self.record(CellResult(cid, p.cell, ERROR, error=self.problems[p.cell.model]), ran=False)
             elif not p.runs:
-                self.record(CellResult(cid, p.cell.to_dict(), SKIPPED, error=p.skip_reason or ""), ran=False)
+                self.record(CellResult(cid, p.cell, SKIPPED, error=p.skip_reason or ""), ran=False)
             else:
-                jobs.append(Job(cid, p.cell.to_dict()))
+                jobs.append(Job(cid, p.cell))
         if self.done:
             self.say(
                 f"resuming: {len(self.done)} of {len(self.planned)} cells already have results in parent run "
@@ -163,8 +163,8 @@ class SweepRun:
         assert self.progress is not None
         result.metrics.update(predicted_metrics(self.planned_by_id[result.cell_id]))
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
-        result.cell = {**result.cell, "model": redact_text(str(result.cell["model"]))}
-        result.tags.update(shape_only_tags(result.cell["model"]))
+        result.cell = replace(result.cell, model=redact_text(result.cell.model))
+        result.tags.update(shape_only_tags(result.cell.model))
         self.results.append(result)
         self.journal.append(result)
         self.pruner.observe(result)
@@ -193,7 +193,11 @@ class SweepRun:
             "wait_idle_gpu_s": self.cfg.measure.wait_for_idle_gpu_s,
             "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         }
-        scheduler = CellScheduler(self.protocol.to_dict(), limits, self.seams.to_dict(), options)
+        scheduler = CellScheduler(
+            self.protocol.to_dict(), limits, self.seams.to_dict(), options, fork=self.cfg.ray.fork_cells
+        )
+        if scheduler.template_problem:
+            self.say(f"no warm template ({scheduler.template_problem}); each cell imports in its own process")
 
         def started(job: Job) -> None:
             progress.started(job.cell_id, job.cell)

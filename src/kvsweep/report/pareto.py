@@ -26,10 +26,10 @@ def draw_pareto(ax: Axes, results: list[CellResult], palette: dict[str, str], ba
         hollow = r.tags.get(ResultTag.CONTENDED) == "true"
         colour = palette[strategy_label(r.cell)]
         ax.scatter([x], [y], s=40, zorder=3, color="none" if hollow else colour, edgecolors=colour)
-        ax.annotate(str(r.cell["context_length"]), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
+        ax.annotate(str(r.cell.context_length), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7)
     by_context: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for x, y, r in points:
-        by_context[int(r.cell["context_length"])].append((x, y))
+        by_context[int(r.cell.context_length)].append((x, y))
     drawn = False
     for context_points in by_context.values():
         frontier = pareto_frontier(context_points)

@@ -28,7 +28,7 @@ FacetKey = tuple[str, str, int, int]  # model, dtype, batch size, new tokens
 
 def facet_key(result: CellResult) -> FacetKey:
     c = result.cell
-    return (str(c["model"]), str(c["dtype"]), int(c["batch_size"]), int(c["max_new_tokens"]))
+    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.max_new_tokens))
 
 
 def facet_name(key: FacetKey, model_name: str) -> str:
@@ -70,7 +70,7 @@ def _facet_figure(
     axes = figure.subplots(2, 4)
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)
     series = _series(results)
-    contexts = sorted({int(r.cell["context_length"]) for r in results})
+    contexts = sorted({int(r.cell.context_length) for r in results})
     on_gpu = basis == Metric.PEAK_DEVICE_MEM_BYTES
     peak_metric = Metric.PEAK_DEVICE_MEM_BYTES if on_gpu else Metric.PEAK_HOST_RSS_BYTES
     panels = [
@@ -96,10 +96,10 @@ def _facet_figure(
 
 def _plot_series(ax: Axes, cells: list[CellResult], metric: str, scale: float, colour: str) -> None:
     """One strategy's line; error bars where the metric has a 95% interval; contended cells hollow."""
-    cells = sorted(cells, key=lambda r: int(r.cell["context_length"]))
+    cells = sorted(cells, key=lambda r: int(r.cell.context_length))
     if not cells:
         return
-    xs = [int(r.cell["context_length"]) for r in cells]
+    xs = [int(r.cell.context_length) for r in cells]
     ys = [r.metrics[metric] / scale for r in cells]
     ax.plot(xs, ys, color=colour, label=strategy_label(cells[0].cell))
     low, high = ci_low(metric), ci_high(metric)
@@ -119,7 +119,7 @@ def _physical_limit(ax: Axes, results: list[CellResult]) -> None:
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="memory bandwidth")
     for r in results:
         if _has(r, Metric.DECODE_BANDWIDTH_UTILIZATION) and r.tags.get(ResultTag.IMPLAUSIBLE) == "true":
-            x, y = int(r.cell["context_length"]), r.metrics[Metric.DECODE_BANDWIDTH_UTILIZATION]
+            x, y = int(r.cell.context_length), r.metrics[Metric.DECODE_BANDWIDTH_UTILIZATION]
             ax.plot([x], [y], marker="o", markersize=14, fillstyle="none", color="red")
             ax.annotate("implausible", (x, y), xytext=(6, 6), textcoords="offset points", fontsize=8, color="red")
 
@@ -150,7 +150,7 @@ def _mark_failures(ax: Axes, series: dict[str, list[CellResult]], palette: dict[
     for label, cells in series.items():
         for result in cells:
             if result.status != OK:
-                x = int(result.cell["context_length"])
+                x = int(result.cell.context_length)
                 ax.plot([x], [0.03], marker="x", markersize=10, mew=2.5, color=palette[label], transform=edge)
                 ax.annotate(
                     result.status,
@@ -185,7 +185,7 @@ def _capacity_line(ax: Axes, results: list[CellResult], scale: float) -> None:
 
 def _dense_line(ax: Axes, results: list[CellResult]) -> None:
     dense = {
-        int(r.cell["context_length"]): r.metrics[Metric.KV_CACHE_BYTES_DENSE] / MIB
+        int(r.cell.context_length): r.metrics[Metric.KV_CACHE_BYTES_DENSE] / MIB
         for r in results
         if r.metrics.get(Metric.KV_CACHE_BYTES_DENSE)
     }
@@ -200,7 +200,7 @@ def _legend_panel(ax: Axes, series: dict[str, list[CellResult]], palette: dict[s
     ax.axis("off")
     lines = []
     for label, cells in series.items():
-        failed = [f"{r.status} at {r.cell['context_length']}" for r in cells if r.status != OK]
+        failed = [f"{r.status} at {r.cell.context_length}" for r in cells if r.status != OK]
         lines.append((label, ", ".join(failed) if failed else "all ran"))
     for i, (label, text) in enumerate(lines):
         y = 0.95 - i * 0.08

@@ -81,7 +81,8 @@ class Decision:
         text = f"{self.label}: {self._pick_text()}"
         within = f"{self.settings.max_slowdown:.0%}"
         if self.leanest is not None and self.leanest is not self.fastest:
-            text += f"; leanest within {within}: {self.leanest.label} ({_vs(self.leanest, first=True)})"
+            cost = _vs(self.leanest, first=True) or "the baseline"
+            text += f"; leanest within {within}: {self.leanest.label} ({cost})"
         elif self.leanest is self.fastest:
             text += f"; also the leanest within {within}"
         drifted = [
@@ -122,7 +123,7 @@ def _vs(entry: Entry, first: bool = False) -> str:
 
 def cost_text(entry: Entry) -> str:
     """'TPOT -12%, TTFT +3%, memory +30%' relative to dynamic; empty for dynamic itself."""
-    names = {"tpot_ms": "TPOT", Metric.TTFT_MS: "TTFT", "memory": "memory"}
+    names = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", "memory": "memory"}
     return ", ".join(f"{names[k]} {pct(v)}{_pm(entry.errors.get(k))}" for k, v in entry.deltas.items())
 
 
@@ -136,7 +137,7 @@ def pct(fraction: float) -> str:
 
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
-    return (str(c["model"]), str(c["dtype"]), int(c["batch_size"]), int(c["context_length"]), int(c["max_new_tokens"]))
+    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.context_length), int(c.max_new_tokens))
 
 
 def memory_basis(results: Iterable[CellResult]) -> str:
@@ -158,7 +159,7 @@ def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
 
 
 def _order(result: CellResult) -> tuple:
-    return (*cache_rank(result.cell["cache"]), result.cell["compile"])
+    return (*cache_rank(result.cell.cache), result.cell.compile)
 
 
 def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings: Settings) -> Decision:
@@ -169,7 +170,7 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
             entry.deltas = _deltas(entry.result, dynamic.result, basis)
             entry.errors = _errors(entry.result, dynamic.result)
             slower = entry.deltas.get(settings.rank_by, 0.0) > 0
-            entry.advice = entry.advice or slow_quantized_advice(entry.result.cell["cache"], slower, True)
+            entry.advice = entry.advice or slow_quantized_advice(entry.result.cell.cache, slower, True)
     decision = Decision(key, entries, basis, settings)
     eligible = sorted((e for e in entries if e.eligible), key=lambda e: e.speed)
     if eligible:
@@ -190,7 +191,7 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     entry = Entry(strategy_label(result.cell), result)
     m = result.metrics
     if result.status != OK:
-        entry.advice = failure_advice(result.cell["cache"], bool(result.cell["compile"]), result.status, result.error)
+        entry.advice = failure_advice(result.cell.cache, bool(result.cell.compile), result.status, result.error)
         if result.tags.get(ResultTag.INFERRED) == "true":
             entry.flags.append("inferred from a smaller cell's OOM")
         return entry

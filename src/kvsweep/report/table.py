@@ -41,7 +41,7 @@ def results_csv(results: Iterable[CellResult]) -> str:
         writer.writerow(
             [
                 r.cell_id,
-                *(r.cell[f] for f in CELL_FIELDS),
+                *(getattr(r.cell, f) for f in CELL_FIELDS),
                 r.status,
                 r.error,
                 r.tags.get(ResultTag.CONTENDED, "unknown"),
@@ -63,8 +63,8 @@ HEADER += ("dense MiB", "peak MiB", "agree")
 def results_table(results: Iterable[CellResult]) -> str:
     """One line per cell, sorted like the grid, numbers in the units people read (models by display name)."""
     results = sorted(results, key=_order)
-    names = display_names(r.cell["model"] for r in results)
-    rows = [list(HEADER), *(_row(r, names[r.cell["model"]]) for r in results)]
+    names = display_names(r.cell.model for r in results)
+    rows = [list(HEADER), *(_row(r, names[r.cell.model]) for r in results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     notes = _notes(results, names)
@@ -78,10 +78,10 @@ def _row(r: CellResult, model_name: str) -> list[str]:
     status += "!" if r.tags.get(ResultTag.IMPLAUSIBLE) == "true" else ""
     return [
         model_name,
-        c["dtype"],
-        str(c["context_length"]),
-        str(c["batch_size"]),
-        str(c["max_new_tokens"]),
+        c.dtype,
+        str(c.context_length),
+        str(c.batch_size),
+        str(c.max_new_tokens),
         strategy_label(c),
         status,
         _fmt(m.get(Metric.TTFT_MS), digits=2),
@@ -95,7 +95,7 @@ def _row(r: CellResult, model_name: str) -> list[str]:
 
 
 def _notes(results: list[CellResult], names: dict[str, str]) -> list[str]:
-    notes = [f"  {r.status}: {cell_label(r.cell, names[r.cell['model']])}: {r.error}" for r in results if r.error]
+    notes = [f"  {r.status}: {cell_label(r.cell, names[r.cell.model])}: {r.error}" for r in results if r.error]
     if any(r.tags.get(ResultTag.CONTENDED) == "true" for r in results):
         notes.append(
             "  * measured while other processes took the cell's CPUs or shared its GPU "
@@ -109,11 +109,11 @@ def _notes(results: list[CellResult], names: dict[str, str]) -> list[str]:
 def _order(r: CellResult) -> tuple:
     c = r.cell
     return (
-        c["model"],
-        c["dtype"],
-        c["batch_size"],
-        c["context_length"],
-        c["max_new_tokens"],
-        *cache_rank(c["cache"]),
-        c["compile"],
+        c.model,
+        c.dtype,
+        c.batch_size,
+        c.context_length,
+        c.max_new_tokens,
+        *cache_rank(c.cache),
+        c.compile,
     )

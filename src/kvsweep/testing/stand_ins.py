@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.names import Metric
 from kvsweep.results import OK, CellResult
 
 
@@ -16,5 +17,35 @@ def sleep_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     started = time.perf_counter()
     time.sleep(float(testing.get("sleep_s", 0.0)))
     elapsed_ms = (time.perf_counter() - started) * 1e3
-    result = CellResult(cell_id(Cell(**cell), Protocol(**protocol)), cell, OK, metrics={"e2e_ms": elapsed_ms})
+    the_cell = Cell(**cell)
+    result = CellResult(cell_id(the_cell, Protocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms})
+    return result.to_dict()
+
+
+LEFT_BEHIND: list[Any] = []  # what a cell leaves in its process: a module global, a tensor
+
+
+def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+    """Reports the process state it found, then leaves some behind (a global, a tensor, a compiled
+    graph, a changed thread count) for the next cell to find, if processes were ever reused."""
+    import os
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    found = {
+        "pid": os.getpid(),
+        "left_behind": len(LEFT_BEHIND),
+        "threads": torch.get_num_threads(),
+        "compiled_graphs": int(counters["stats"]["unique_graphs"]),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"),
+    }
+    LEFT_BEHIND.append(torch.ones(1024))
+    torch.set_num_threads(found["threads"] + 1)
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
+    the_cell = Cell(**cell)
+    result = CellResult(cell_id(the_cell, Protocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
+    result.environment["found"] = found
     return result.to_dict()

@@ -14,7 +14,7 @@ from typing import Any
 from mlflow import MlflowClient, entities
 from mlflow.entities import Param, Run
 
-from kvsweep.grid import cell_label
+from kvsweep.grid import Cell, cell_label
 from kvsweep.names import (
     CELL_ROLE,
     ENV_TAG_PREFIX,
@@ -109,7 +109,7 @@ class SweepTracker:
         return child_runs(self.client, self.experiment_id, parent_run_id)
 
     def open_cell(
-        self, parent_run_id: str, cell_id: str, cell: dict[str, Any], device: str, sweep: str, model_name: str = ""
+        self, parent_run_id: str, cell_id: str, cell: Cell, device: str, sweep: str, model_name: str = ""
     ) -> str:
         """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight.
 
@@ -124,7 +124,7 @@ class SweepTracker:
         }
         tags = {k: redact_text(v) for k, v in tags.items()}
         run = self.client.create_run(self.experiment_id, run_name=tags[RunTag.RUN_NAME], tags=tags)
-        params = [Param(k, redact_text(str(cell[k]).lower() if k == "compile" else str(cell[k]))) for k in PARAM_KEYS]
+        params = [Param(k, redact_text(_param_value(getattr(cell, k)))) for k in PARAM_KEYS]
         params.append(Param("device", device))
         self.client.log_batch(run.info.run_id, params=params)
         return run.info.run_id
@@ -148,7 +148,7 @@ class SweepTracker:
         ]
         metrics.append(entities.Metric(Metric.CELL_WALL_S, result.wall_s, now, 0))
         # The axes again as metrics: MLflow's line charts take only a metric as their x axis.
-        metrics += [entities.Metric(k, float(result.cell[k]), now, 0) for k in INT_PARAMS]
+        metrics += [entities.Metric(k, float(getattr(result.cell, k)), now, 0) for k in INT_PARAMS]
         self.client.log_batch(
             run_id, metrics=metrics, tags=[entities.RunTag(k, redact_text(v)) for k, v in tags.items()]
         )
@@ -165,6 +165,11 @@ class SweepTracker:
 def mlflow_status(status: str) -> str:
     # ok/skipped/oom are results, not failures; MLflow's FAILED is kept for error, timeout, crash.
     return "FINISHED" if status in RESULT_STATUSES else "FAILED"
+
+
+def _param_value(value: object) -> str:
+    """Params as MLflow shows them: `compile` as `true`/`false` (read back by `readback.result_from_run`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _now_ms() -> int:

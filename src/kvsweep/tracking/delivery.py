@@ -39,10 +39,10 @@ def send_result(
 ) -> None:
     run_id = cell_runs.get(result.cell_id)
     if run_id is None:
-        model_name = header.model_names.get(result.cell["model"], "")
+        model_name = header.model_names.get(result.cell.model, "")
         run_id = tracker.open_cell(parent_run_id, result.cell_id, result.cell, header.device, header.name, model_name)
         cell_runs[result.cell_id] = run_id
-    tags = {**shape_only_tags(result.cell["model"]), **quality_tags(result, header.params)}
+    tags = {**shape_only_tags(result.cell.model), **quality_tags(result, header.params)}
     tracker.finish_cell(run_id, result, header.device, tags)
 
 

@@ -4,9 +4,12 @@ The resuming sweep, the delivery of a journal and `python -m kvsweep report` all
 with the same names the sweep wrote with (`kvsweep.names`).
 """
 
+from typing import Any
+
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
+from kvsweep.grid import Cell
 from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, RunTag
 from kvsweep.results import CellResult
 
@@ -44,13 +47,13 @@ def cell_results(client: MlflowClient, experiment_id: str, parent_run_id: str) -
 def result_from_run(run: Run) -> CellResult:
     """A child run read back as a result (metrics and status; samples stay in its artifact)."""
     params, tags = run.data.params, run.data.tags
-    cell = {f: params.get(f, "") for f in PARAM_KEYS}
+    fields: dict[str, Any] = {f: params.get(f, "") for f in PARAM_KEYS}
     for key in INT_PARAMS:
-        cell[key] = int(cell[key])
-    cell["compile"] = cell["compile"] == "true"
+        fields[key] = int(fields[key])
+    fields["compile"] = fields["compile"] == "true"
     return CellResult(
         tags.get(RunTag.CELL_ID, ""),
-        cell,
+        Cell(**fields),
         tags.get(RunTag.STATUS, "?"),
         error=tags.get(RunTag.ERROR, ""),
         metrics={k: v for k, v in run.data.metrics.items() if k not in INT_PARAMS},

@@ -8,9 +8,9 @@ last bounded attempt and tells the user how to `sync` whatever is left.
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kvsweep.errors import first_line
+from kvsweep.grid import Cell
 from kvsweep.names import REPORT_DIR, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
@@ -100,7 +100,7 @@ class MlflowSink:
                 if sent:
                     self.say(f"sent {sent} results that the previous run journaled in {previous}")
 
-    def started(self, cell_id: str, cell: dict[str, Any]) -> None:
+    def started(self, cell_id: str, cell: Cell) -> None:
         """Best effort: a RUNNING child run shows the cell in flight."""
         if self.parent_run_id is None or cell_id in self.cell_runs or not self._may_try():
             return
@@ -111,7 +111,7 @@ class MlflowSink:
                 cell,
                 self.header.device,
                 self.header.name,
-                self.header.model_names.get(cell["model"], ""),
+                self.header.model_names.get(cell.model, ""),
             )
         except Exception as exc:
             self._failed(exc)
@@ -155,7 +155,7 @@ class MlflowSink:
             return -1
         return 0
 
-    def interrupt(self, running: list[tuple[str, dict[str, Any]]]) -> None:
+    def interrupt(self, running: list[tuple[str, Cell]]) -> None:
         """Ctrl-C/SIGTERM: the running cells' child runs and the parent end as KILLED (best effort)."""
         if self.parent_run_id is None:
             return

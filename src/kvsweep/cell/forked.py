@@ -1,0 +1,138 @@
+"""What runs in a cell's forked process, and what the template preloads before forking it.
+
+Importing this module is the template's preload: torch, Transformers, the quantization backends when
+installed, and kvsweep's cell code, without touching CUDA. `forked_main` then takes on the cell's
+actor's view of the machine (its `CUDA_VISIBLE_DEVICES`, thread count and CPUs), watches that actor,
+measures the cell and sends the result back through the pipe.
+"""
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PRELOADED_AT = time.time()  # before the heavy imports: a forked process finds it older than itself
+
+import cloudpickle  # noqa: E402, F401  (what unpickles a request)
+import torch  # noqa: E402  (the preload: what a fresh process would spend seconds importing)
+import transformers  # noqa: E402, F401
+
+import kvsweep.cell.run  # noqa: E402, F401
+from kvsweep.cell.gate import host_gate  # noqa: E402
+from kvsweep.cell.process_clock import process_started_at  # noqa: E402
+
+for _backend in ("optimum.quanto", "hqq"):  # whichever quantized backends are installed
+    if importlib.util.find_spec(_backend.split(".")[0]) is not None:
+        with contextlib.suppress(Exception):
+            importlib.import_module(_backend)
+
+
+def cuda_state() -> dict[str, bool]:
+    """Whether this process has initialised CUDA: torch's flag, and the driver library in its memory map."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    return {"cuda_initialized": torch.cuda.is_initialized(), "libcuda_mapped": "libcuda.so" in maps}
+
+
+def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
+    request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
+    if request.get("probe"):
+        preloaded = process_started_at() > PRELOADED_AT  # imported before this process was forked
+        conn.send({**cuda_state(), "forkserver_pid": os.getppid(), "preloaded": preloaded})
+        conn.close()
+        return
+    started_at = time.time()
+    take_on_machine_view(request["env"], request.get("cpus"))
+    watch_owner(request["owner_pid"])
+    timeline = {"imported_at": started_at}  # nothing to import: the template did
+    result = run_request(request, timeline)
+    result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
+    conn.send(result)
+    conn.close()
+
+
+def take_on_machine_view(env: dict[str, str | None], cpus: list[int] | None) -> None:
+    """Become what a fresh process in the cell's actor would be: its environment, CPUs and threads.
+
+    The thread pool size of a fresh process comes from `OMP_NUM_THREADS` read when torch loads (else
+    every allowed core); this process loaded torch in the template, so it is set again here.
+    """
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0)))
+
+
+def run_request(request: dict[str, Any], timeline: dict[str, float]) -> dict[str, Any]:
+    testing, options = request["testing"], request["options"]
+    on_phase = gate_phases(request.get("gate_path", ""), timeline)
+    if testing.get("runner"):
+        module, _, function = testing["runner"].partition(":")
+        runner = getattr(importlib.import_module(module), function)
+        return runner(request["cell"], request["protocol"], testing)
+    from kvsweep.cell.run import run_cell
+
+    return run_cell(request["cell"], request["protocol"], testing.get("faults", []), on_phase=on_phase, **options)
+
+
+def watch_owner(pid: int) -> None:
+    """Die with the cell's actor: when Ray kills it (timeout, Ctrl-C), this process must not go on."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)
+            import select
+
+            select.select([fd], [], [])  # readable once the process has exited
+        except (OSError, AttributeError):
+            while _alive(pid):
+                time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kvsweep-owner-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def gate_phases(path: str, timeline: dict[str, float]) -> Callable[[str], None]:
+    """The host's gate in the forked process: its measured phase holds it shared (see `cell/actor.py`).
+    Each phase's time goes into `timeline`, as the actor records it when it measures itself."""
+    held: list[Any] = []
+
+    def on_phase(name: str) -> None:
+        timeline[f"{name}_at"] = time.time()
+        if not path:
+            if name == "measuring":
+                timeline["gate_passed_at"] = timeline["measuring_at"]  # no gate: passed at once
+            return
+        if name == "measuring":
+            gate = host_gate(path, exclusive=False)
+            gate.__enter__()
+            held.append(gate)
+            timeline["gate_passed_at"] = time.time()
+        elif name == "measured" and held:
+            held.pop().__exit__(None, None, None)
+
+    return on_phase

@@ -1,0 +1,114 @@
+"""A node's warm template: fresh cell processes forked from a process that has already imported.
+
+Importing torch, Transformers and the quantization backends costs a fresh process seconds of CPU
+(BENCHMARKS.md). One `CellTemplate` actor per node owns Python's standard `forkserver`, preloaded
+with the cell code (`cell/forked.py`); every cell's measurement runs in a new process forked from it,
+which has never run another cell. The cell's own Ray actor (`cell/actor.py`) still holds the cell's
+GPUs and stays alive while its process runs; the forked process watches that actor and kills itself
+the moment it is gone (a timeout, Ctrl-C), so Ray's accounting and the reliability rules stay as they
+were. The forkserver is started with NVML-based device checks and must stay CUDA-clean: a template
+whose preloaded imports initialised CUDA refuses to fork (CUDA does not survive a fork).
+"""
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+FORKED_MODULE = "kvsweep.cell.forked"
+POLL_S = 0.2
+
+
+class TemplateError(RuntimeError):
+    """The template cannot fork clean cell processes (CUDA initialised by an import, preload failed)."""
+
+
+class CellTemplate:
+    """Lives as long as the sweep, one per node; `measure` may serve several cells at once (threaded)."""
+
+    def __init__(self) -> None:
+        # torch.cuda.is_available() then asks NVML instead of initialising the CUDA driver (cuInit):
+        # the forkserver and every process forked from it stay free to initialise CUDA themselves.
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload([FORKED_MODULE])
+        self.started_at = time.time()
+        self.forks = 0
+        self.state = self._probe()
+
+    def _probe(self) -> dict[str, Any]:
+        """Start the forkserver now (outside every cell) and check what a forked process inherits."""
+        reply = self._fork({"probe": True})
+        state = reply.get("result")
+        if state is None:
+            raise TemplateError(f"the template's first process died (exit code {reply['exitcode']})")
+        if not state["preloaded"]:  # multiprocessing ignores a preload import that failed
+            raise TemplateError(f"the template did not preload {FORKED_MODULE}; its processes would import it")
+        if state["cuda_initialized"] or state["libcuda_mapped"]:
+            raise TemplateError(
+                "CUDA was initialised while preloading the cell code; forked cells could not use the GPU "
+                f"(torch.cuda.is_initialized={state['cuda_initialized']}, libcuda mapped={state['libcuda_mapped']})"
+            )
+        return state
+
+    def ready(self) -> dict[str, Any]:
+        return {**self.state, "template_started_at": self.started_at, "template_pid": os.getpid()}
+
+    def identity(self) -> str:
+        """Which template a cell came from: its node-local process and when it started."""
+        return f"pid {os.getpid()} forkserver {self.state.get('forkserver_pid')} started {self.started_at:.3f}"
+
+    def measure(self, request: bytes) -> dict[str, Any]:
+        """Fork a fresh process for one cell (its request cloudpickled); returns its result, or how it
+        died (`exitcode`)."""
+        reply = self._fork(request)
+        reply["template"] = self.identity()
+        return reply
+
+    def _fork(self, request: bytes | dict[str, Any]) -> dict[str, Any]:
+        from kvsweep.cell.forked import forked_main
+
+        receive, send = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=forked_main, args=(send, request), daemon=False)
+        forked_at = time.time()
+        with _no_main_module():
+            process.start()
+        send.close()
+        self.forks += 1
+        result = None
+        try:
+            while result is None:
+                if receive.poll(POLL_S):
+                    result = receive.recv()
+                elif not process.is_alive():
+                    break
+        except EOFError:  # the process died before it could answer
+            result = None
+        process.join()
+        receive.close()
+        return {"result": result, "exitcode": process.exitcode, "pid": process.pid, "forked_at": forked_at}
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_main_module() -> Iterator[None]:
+    """Start a process without multiprocessing re-running this process's `__main__` in it.
+
+    multiprocessing re-imports the parent's main script in every child (here Ray's worker script, or
+    a test's); the cell needs nothing from it, and it costs the import of Ray. A bare `__main__` while
+    `start` prepares the child's data leaves it out.
+    """
+    with _MAIN_LOCK:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main

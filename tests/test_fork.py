@@ -1,0 +1,98 @@
+"""Cells measured in fresh processes forked from a warm per-node template (issue 14's guarantees).
+
+Each cell's process is new (never ran another cell), sees its actor's view of the machine (threads,
+CPUs, CUDA_VISIBLE_DEVICES), dies with its actor, and comes from a template that never initialised
+CUDA. On this CPU-only machine the CUDA check can only confirm the absence; `scripts/gpu_smoke.sh`
+repeats it where a GPU exists.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import FAST
+from kvsweep.cell.template import CellTemplate
+from kvsweep.tracking.journal import Journal
+
+QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+STATE = ("+testing.runner=kvsweep.testing.stand_ins:state_cell", "grid.caches=[dynamic,static]")
+
+
+def found_states(run) -> list[dict]:
+    """What each cell found in its process, in the order the cells ran (from the sweep's journal)."""
+    results = Journal(run.run_dir).read().results
+    return [{**r.environment["found"], "template": r.environment.get("template", "")} for r in results]
+
+
+def test_the_template_preloads_without_initialising_cuda():
+    template = CellTemplate()
+    state = template.ready()
+    assert state["preloaded"]  # the heavy imports happened before the fork, not in each cell
+    assert not state["cuda_initialized"] and not state["libcuda_mapped"]
+
+
+def test_no_state_crosses_from_one_cell_to_the_next(run_sweep):
+    run = run_sweep(*STATE)
+    assert run.code == 0, run.out + run.err
+    first, second = found_states(run)
+    assert first["pid"] != second["pid"]  # a fresh process each ...
+    assert first["template"] == second["template"] != ""  # ... forked from the same warm template
+    for state in (first, second):
+        assert state["left_behind"] == 0 and state["compiled_graphs"] == 0
+    assert second["threads"] == first["threads"]  # the first cell's set_num_threads(n + 1) did not leak
+
+
+def test_a_forked_cell_sees_what_a_fresh_process_would(run_sweep):
+    forked = found_states(run_sweep(*STATE))[0]
+    fresh = found_states(run_sweep(*STATE, "ray.fork_cells=false", experiment="own-process"))[0]
+    assert fresh["template"] == ""  # measured in the actor's own process
+    for key in ("threads", "cpus", "omp_num_threads", "cuda_visible_devices"):
+        assert forked[key] == fresh[key], key
+
+
+def _forked_processes() -> set[int]:
+    """Processes forked by a multiprocessing forkserver (the template and its cells)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"multiprocessing.forkserver" in (entry / "cmdline").read_bytes():
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_killed_sweep_leaves_no_forked_process_behind(tmp_path):
+    before = _forked_processes()
+    hang = "+testing.faults=[{match: {cache: static}, fault: hang}]"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsweep",
+            *FAST,
+            "grid.caches=[dynamic,static]",
+            hang,
+            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+            f"hydra.run.dir={tmp_path}/a",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, **QUIET},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (_forked_processes() - before):
+        time.sleep(0.5)
+    assert _forked_processes() - before, "no forked cell process appeared"
+    time.sleep(10)  # the hung cell is measuring in its forked process
+    proc.terminate()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _forked_processes() - before:
+        time.sleep(0.5)
+    assert not (_forked_processes() - before), _forked_processes() - before
