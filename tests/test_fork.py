@@ -96,3 +96,19 @@ def test_a_killed_sweep_leaves_no_forked_process_behind(tmp_path):
     while time.monotonic() < deadline and _forked_processes() - before:
         time.sleep(0.5)
     assert not (_forked_processes() - before), _forked_processes() - before
+
+
+def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
+    """The actor and the driver never import torch: a torch object in a result (a TorchVersion) would
+    make every unpickling import it, seconds per cell (found by the overhead benchmark)."""
+    import pickle
+    import pickletools
+
+    from kvsweep.cell.run import run_cell
+    from kvsweep.grid import Cell, Protocol
+
+    cell = Cell("tiny-llama", "float32", 64, 1, 4, "static", False)
+    result = run_cell(cell.to_dict(), Protocol(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict())
+    assert result["status"] == "ok", result["error"]
+    ops = {op.name for op, _, _ in pickletools.genops(pickle.dumps(result))}
+    assert not ops & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "REDUCE"}, ops

@@ -109,7 +109,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
 
 # -- the benchmark (parent): run both variants, read journals, split wall time
 def sweep_once(label: str, overrides: list[str], work: Path) -> dict:
-    out_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{label.replace(' ', '_')}-", dir=work))
+    out_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{''.join(c if c.isalnum() else '_' for c in label)}-", dir=work))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     started = time.time()
     proc = subprocess.run(
@@ -197,7 +197,7 @@ def breakdown(driver: dict, cells: list[dict], subprocess_wall: float) -> dict:
 
 
 VARIANTS = [
-    ("own process, prestart on", ["ray.fork_cells=false", "ray.prestart=1"]),
+    ("own process (prestart on)", ["ray.fork_cells=false", "ray.prestart=1"]),
     ("forked from template", ["ray.fork_cells=true", "ray.prestart=1"]),
 ]
 

@@ -121,7 +121,8 @@ class CellActor:
             raise CellProcessDied(None, host_oom=True) from None
         except ray.exceptions.RayActorError as exc:  # the template died under this cell (Ray restarts it)
             raise CellProcessDied(None, host_oom="out_of_memory" in str(exc).lower()) from exc
-        self.timeline["forked_at"] = reply["forked_at"]
+        for stamp in ("forked_at", "received_at", "exited_at"):  # the template's view of the process
+            self.timeline[f"process_{stamp}"] = reply[stamp]
         if reply["result"] is None:
             kills_after = oom_kills()
             host_oom = kills_before is not None and kills_after is not None and kills_after > kills_before

@@ -25,8 +25,8 @@ def device_name(device: str) -> str:
 def describe_environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {
         "device_name": device_name(device),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
+        "torch_version": str(torch.__version__),  # a plain str: a TorchVersion would import torch to unpickle
+        "transformers_version": str(transformers.__version__),
         "torch_threads": torch.get_num_threads(),
         "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
         "hostname": socket.gethostname(),

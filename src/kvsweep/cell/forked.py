@@ -12,6 +12,7 @@ import importlib.util
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,11 +28,19 @@ import transformers  # noqa: E402, F401
 import kvsweep.cell.run  # noqa: E402, F401
 from kvsweep.cell.gate import host_gate  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
+from kvsweep.models.presets import PRESETS  # noqa: E402
+
+PRESET_MODEL_TYPES = sorted({preset.model_type for preset in PRESETS.values()})
 
 for _backend in ("optimum.quanto", "hqq"):  # whichever quantized backends are installed
     if importlib.util.find_spec(_backend.split(".")[0]) is not None:
         with contextlib.suppress(Exception):
             importlib.import_module(_backend)
+# Transformers imports these lazily, on a cell's first `generate`: the bundled presets' model types
+# and generation's own modules, so that no cell pays for them either.
+for _lazy in (*(f"transformers.models.{t}.modeling_{t}" for t in PRESET_MODEL_TYPES), "transformers.generation.utils"):
+    with contextlib.suppress(Exception):
+        importlib.import_module(_lazy)
 
 
 def cuda_state() -> dict[str, bool]:
@@ -58,6 +67,11 @@ def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
     result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
     conn.send(result)
     conn.close()
+    # Done: leave now, without multiprocessing's exit work (finalizers, joining threads torch started),
+    # so the cell's memory is free before the next cell starts.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def take_on_machine_view(env: dict[str, str | None], cpus: list[int] | None) -> None:

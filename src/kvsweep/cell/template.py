@@ -89,9 +89,11 @@ class CellTemplate:
                     break
         except EOFError:  # the process died before it could answer
             result = None
+        received_at = time.time()
         process.join()
         receive.close()
-        return {"result": result, "exitcode": process.exitcode, "pid": process.pid, "forked_at": forked_at}
+        times = {"forked_at": forked_at, "received_at": received_at, "exited_at": time.time()}
+        return {"result": result, "exitcode": process.exitcode, "pid": process.pid, **times}
 
 
 _MAIN_LOCK = threading.Lock()
