@@ -112,3 +112,21 @@ def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
     assert result["status"] == "ok", result["error"]
     ops = {op.name for op, _, _ in pickletools.genops(pickle.dumps(result))}
     assert not ops & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "REDUCE"}, ops
+
+
+def test_host_oom_kills_are_read_from_the_processs_memory_cgroup(tmp_path):
+    """A forked cell killed by SIGKILL is a host OOM when its cgroup's `oom_kill` count rose (kernel docs:
+    cgroup v2 `memory.events`, v1 `memory.oom_control`)."""
+    from kvsweep.cell.host_oom import oom_kills
+
+    v2 = tmp_path / "v2"
+    (v2 / "kvsweep.slice").mkdir(parents=True)
+    (v2 / "kvsweep.slice" / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 3\n")
+    (tmp_path / "cgroup2").write_text("0::/kvsweep.slice\n")
+    assert oom_kills(v2, tmp_path / "cgroup2") == 3
+    v1 = tmp_path / "v1"
+    (v1 / "memory" / "job").mkdir(parents=True)
+    (v1 / "memory" / "job" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    (tmp_path / "cgroup1").write_text("5:cpu:/\n4:memory:/job\n")
+    assert oom_kills(v1, tmp_path / "cgroup1") == 1
+    assert oom_kills(tmp_path / "nothing", tmp_path / "cgroup1") is None  # unreadable: unknown, never 0
