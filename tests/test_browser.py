@@ -25,7 +25,7 @@ import pytest
 
 from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render, save_compact_png
 from conftest import FAST, SweepRun, cell_runs, free_port, start_mlflow_server, stop
-from kvsweep.grid import cell_label
+from kvsweep.grid import Cell, cell_label
 
 pytestmark = pytest.mark.skipif(
     find_browser() is None, reason="no headless browser: install Debian's `chromium` (.ci/run does)"
@@ -114,7 +114,16 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     assert "static ctx64 bs1 float32 tiny-llama" in cell_names
     for child in children:
         params = child.data.params
-        assert child.info.run_name == cell_label({**params, "compile": params["compile"] == "true"})
+        cell = Cell(
+            params["model"],
+            params["dtype"],
+            int(params["context_length"]),
+            int(params["batch_size"]),
+            int(params["max_new_tokens"]),
+            params["cache"],
+            params["compile"] == "true",
+        )
+        assert child.info.run_name == cell_label(cell)
     assert all(c.data.metrics["context_length"] == int(c.data.params["context_length"]) for c in children)
 
     base = ui_sweep.base_url
