@@ -38,7 +38,6 @@ class CellTemplate:
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload([FORKED_MODULE])
         self.started_at = time.time()
-        self.forks = 0
         self.state = self._probe()
 
     def _probe(self) -> dict[str, Any]:
@@ -79,7 +78,6 @@ class CellTemplate:
         with _no_main_module():
             process.start()
         send.close()
-        self.forks += 1
         result = None
         try:
             while result is None:

@@ -4,9 +4,13 @@ Results stream back in completion order through `on_result`. Ray's own retries a
 would re-run work in a new process behind our back); the driver retries crashed and timed-out cells
 itself, each attempt in a fresh actor. `admit` may answer for a cell without running it (inferred OOM).
 
-Prestart: up to `prestart` spare actors are created ahead of need. A spare is a fresh process that
-has only imported the cell code; the next cell runs in it, so process start and imports overlap the
-running cell. For CPU cells the CPU is the measured device: a spare imports under the host's gate
+Forking (`ray.fork_cells`, the default): one warm `CellTemplate` per node is started before the
+first cell (`start_templates`); each cell's actor then has its measurement run in a process forked
+from it (`cell/actor.py`), so no cell imports anything.
+
+Prestart: up to `prestart` spare actors are created ahead of need, so the next cell skips Ray's
+process start. Without forking a spare also imports the cell code, overlapping the running cell.
+For CPU cells the CPU is the measured device: a spare imports under the host's gate
 (exclusive lock) and a cell's measured phase holds the gate shared, so no spare is preparing while a
 cell on this host is being measured. For GPU cells a spare's imports touch no GPU (torch initialises
 CUDA lazily), so they run ungated on the host's other cores; gating them there would starve spares
