@@ -11,6 +11,7 @@ from typing import TextIO
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
+from kvsweep.plan.memory import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_sweep, plan_text
 from kvsweep.redact import redact_text
 
@@ -31,6 +32,4 @@ def cluster_resources(address: str) -> ray_session.RaySession:
         session = ray_session.connect(address)
         ray_session.shutdown(session)
         return session
-    import torch
-
-    return ray_session.RaySession(False, float(torch.cuda.device_count()), float(os.cpu_count() or 1))
+    return ray_session.RaySession(False, float(len(local_gpu_bytes())), float(os.cpu_count() or 1))

@@ -35,14 +35,11 @@ def connect(address: str) -> RaySession:
         if address:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
-            import torch
-
             for key, value in WORKER_NICENESS_ENV.items():
                 os.environ.setdefault(key, value)
             ray.init(
                 address="local",
-                num_cpus=os.cpu_count(),
-                num_gpus=torch.cuda.device_count(),
+                num_cpus=os.cpu_count(),  # GPUs: Ray's own detection (NVML, CUDA_VISIBLE_DEVICES), no torch here
                 include_dashboard=False,
                 log_to_driver=False,
                 object_store_memory=OBJECT_STORE_BYTES,

@@ -17,11 +17,11 @@ from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_end import finish
 from kvsweep.grid import cell_id
 from kvsweep.model_names import display_names
+from kvsweep.models.presets import shape_only_tags
 from kvsweep.plan.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
 from kvsweep.testing.seams import Seams
-from kvsweep.tracking.delivery import shape_only_tags
 from kvsweep.tracking.journal import Journal, SweepHeader
 
 if TYPE_CHECKING:
@@ -42,11 +42,14 @@ def run_sweep(
     """The sweep's stages in order: connect, plan, open tracking, resume, schedule (recording each
     result), then the table, the report and the closing lines. Returns the exit code."""
     from kvsweep.driver import ray_session
+    from kvsweep.driver.prewarm import prewarm
 
     sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout, seams or Seams())
+    prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)  # the tracking URI was made absolute before this
     try:
         sweep.connect(session)
+        sweep.launch_templates()
         sweep.plan()
         sweep.open_tracking()
         jobs = sweep.queue()
@@ -88,6 +91,12 @@ class SweepRun:
             resources=dict(ray_cfg.resources),
         )
         ray_session.check_fits(self.needs)
+
+    def launch_templates(self) -> None:
+        """Warm templates start importing now, overlapping the plan and MLflow; the first cell waits."""
+        from kvsweep.driver.templates import Templates, launch_templates
+
+        self.templates = launch_templates() if self.cfg.ray.fork_cells else Templates(problem="")
 
     def plan(self) -> None:
         self.protocol = protocol_of(self.cfg.measure, self.device)

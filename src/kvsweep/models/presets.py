@@ -7,6 +7,8 @@ cache behaviour without a download. Quality numbers on presets are shape-only.
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsweep.names import ResultTag
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -14,6 +16,25 @@ class Preset:
     model_type: str  # transformers config class key: llama, qwen2, mistral
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # where the shapes come from
+
+    def parameters(self) -> int:
+        """Exact parameter count of the decoder families the presets use (llama, qwen2, mistral).
+
+        Planning reads it from here instead of building the model on the meta device, so a
+        sweep of presets plans without importing torch or Transformers.
+        """
+        c = self.config
+        hidden, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        heads = c["num_attention_heads"]
+        head_dim = c.get("head_dim") or hidden // heads
+        q_width, kv_width = heads * head_dim, c.get("num_key_value_heads", heads) * head_dim
+        attention = hidden * (q_width + 2 * kv_width) + q_width * hidden
+        if self.model_type == "qwen2" or c.get("attention_bias"):
+            attention += q_width + 2 * kv_width
+        mlp = 3 * hidden * c["intermediate_size"]
+        per_layer = attention + mlp + 2 * hidden  # two RMSNorm weights
+        head = 0 if c.get("tie_word_embeddings") else vocab * hidden
+        return vocab * hidden + layers * per_layer + hidden + head
 
 
 def _llama3_rope(theta: float) -> dict[str, Any]:
@@ -140,3 +161,8 @@ PRESETS: dict[str, Preset] = {
         ),
     ]
 }
+
+
+def shape_only_tags(model: str) -> dict[str, str]:
+    """Random-weight presets measure shapes; their quality numbers say little about trained weights."""
+    return {ResultTag.SHAPE_ONLY: str(model in PRESETS).lower()}  # presets win over paths (models.resolve)

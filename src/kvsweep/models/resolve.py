@@ -1,12 +1,14 @@
-"""Turn a model reference (preset, local path, Hub id) into a config, without loading weights."""
+"""Turn a model reference (preset, local path, Hub id) into a Transformers config, without loading weights."""
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-from transformers import AutoConfig, PretrainedConfig
+from typing import TYPE_CHECKING, Literal
 
 from kvsweep.models.presets import PRESETS
+from kvsweep.models.shape import KvShape
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 ModelKind = Literal["preset", "local", "hub"]
 
@@ -26,28 +28,17 @@ def classify(reference: str) -> ModelRef:
     return ModelRef(reference, "hub")
 
 
-def load_config(ref: ModelRef, trust_remote_code: bool = False) -> PretrainedConfig:
+def load_config(ref: ModelRef, trust_remote_code: bool = False) -> "PretrainedConfig":
     """The model's config: built from the preset, or read from the folder / Hub."""
+    from transformers import AutoConfig
+
     if ref.kind == "preset":
         preset = PRESETS[ref.reference]
         return AutoConfig.for_model(preset.model_type, **preset.config)
     return AutoConfig.from_pretrained(ref.reference, trust_remote_code=trust_remote_code)
 
 
-@dataclass(frozen=True)
-class KvShape:
-    """The shapes that decide a model's KV cache and working memory, read off its config."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    max_positions: int | None
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    vocab_size: int = 0
-
-
-def kv_shape(config: PretrainedConfig) -> KvShape:
+def kv_shape(config: "PretrainedConfig") -> KvShape:
     text = config.get_text_config(decoder=True)
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -62,7 +53,7 @@ def kv_shape(config: PretrainedConfig) -> KvShape:
     )
 
 
-def parameter_count(config: PretrainedConfig) -> int:
+def parameter_count(config: "PretrainedConfig") -> int:
     """Exact parameter count (tied weights once), from a model built on the meta device: no memory, no time."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell
-from kvsweep.models.resolve import KvShape
+from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
 

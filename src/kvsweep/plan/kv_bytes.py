@@ -7,7 +7,7 @@ this module applies it to a cell's request.
 from kvsweep.caches import CacheStrategy, get_strategy
 from kvsweep.caches.accounting import dense_kv_bytes
 from kvsweep.grid import Cell
-from kvsweep.models.resolve import KvShape
+from kvsweep.models.shape import KvShape
 
 
 def mean_decode_kv_bytes(

@@ -6,13 +6,15 @@ measured `kv_cache_bytes`); the working set is an allowance for prefill activati
 token's logits, and the per-layer K/V copies that concatenation and dequantization make.
 """
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.accounting import dense_kv_bytes
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
-from kvsweep.models.resolve import KvShape
+from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_stored_kv_bytes
 
 GIB = 1024**3
@@ -62,8 +64,36 @@ def detect_device_bytes(device: str, configured_gb: float) -> int | None:
         return int(configured_gb * GIB)
     if device != "cuda":
         return None
+    sizes = local_gpu_bytes()
+    return min(sizes) if sizes else None
+
+
+def local_gpu_bytes() -> list[int]:
+    """Memory of each GPU this process may use, through NVML when it is installed: the driver then
+    never imports torch or creates a CUDA context of its own on a GPU the cells need."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    wanted = None if visible is None else [v.strip() for v in visible.split(",") if v.strip()]
+    if wanted is not None and (not wanted or wanted[0].startswith("-")):
+        return []  # CUDA's own convention: an empty or negative list hides every GPU
+    if wanted is None or all(v.isdigit() for v in wanted):
+        try:
+            return _nvml_bytes(None if wanted is None else [int(v) for v in wanted])
+        except Exception:  # no NVML library or no driver: ask torch, if there is a driver at all
+            if not Path("/dev/nvidiactl").exists():
+                return []
     import torch
 
     if not torch.cuda.is_available():
-        return None
-    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+        return []
+    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+
+
+def _nvml_bytes(indices: list[int] | None) -> list[int]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        chosen = range(pynvml.nvmlDeviceGetCount()) if indices is None else indices
+        return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in chosen]
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,42 +1,30 @@
 """Planning a whole sweep before anything runs: model facts, each cell's plan, the dry run."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.grid import Protocol, expand_grid
-from kvsweep.models.resolve import KvShape, classify, kv_shape, load_config, parameter_count
+from kvsweep.models.facts import ModelFacts, read_facts
+from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
 from kvsweep.report.table import MIB
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    shape: KvShape
-    parameters: int | None  # None when the model cannot be built on the meta device here
-
-
 def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, ModelFacts], dict[str, str]]:
-    """Read each model's config once (presets instantly). Unreadable ones get an error message."""
+    """Read each model's facts once (presets instantly). Unreadable ones get an error message."""
     facts: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
     for model in models:
-        ref = classify(model)
         try:
-            config = load_config(ref, trust_remote_code)
+            facts[model] = read_facts(classify(model), trust_remote_code)
         except Exception as exc:  # a typo'd preset, a missing folder, an unreachable Hub
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             problems[model] = (
                 f"model {model!r} could not be resolved: not a bundled preset, not a local folder, "
                 f"and the Hub lookup failed ({first[:200]})"
             )
-            continue
-        try:
-            parameters: int | None = parameter_count(config)
-        except Exception:  # custom code the meta device cannot build: no prediction, still runs
-            parameters = None
-        facts[model] = ModelFacts(kv_shape(config), parameters)
     return facts, problems
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from mlflow.entities import Run
 
 from kvsweep.config.schema import ReportConfig
-from kvsweep.models.presets import PRESETS
+from kvsweep.models.presets import shape_only_tags
 from kvsweep.names import REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.results import CellResult
 from kvsweep.tracking.client import SweepTracker
@@ -18,11 +18,6 @@ from kvsweep.tracking.credentials import sync_tracking_uri
 from kvsweep.tracking.journal import Journal, SweepHeader
 
 SWEEP_FILES = ("plan.txt", "results.csv", "results.txt")  # logged on the parent run from the run folder
-
-
-def shape_only_tags(model: str) -> dict[str, str]:
-    """Random-weight presets measure shapes; their quality numbers say little about trained weights."""
-    return {ResultTag.SHAPE_ONLY: str(model in PRESETS).lower()}  # presets win over paths (models.resolve)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
