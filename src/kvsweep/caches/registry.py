@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 from kvsweep.caches.accounting import dense_bytes, hqq_bytes, no_bytes, quanto_bytes, reserved_bytes
+from kvsweep.caches.native_build import QUANTO_CUDA
 from kvsweep.caches.strategy import RESERVE_SEPARATOR, CacheStrategy, Requirements
 
 BASELINE = "dynamic"  # the strategy every other one is compared with (speed, memory, output agreement)
@@ -24,7 +25,9 @@ def _quantized(backend: str, package: str, layer_class: str, nbits: int) -> Cach
         stored_bytes=quanto_bytes if backend == "quanto" else hqq_bytes,
         cache_class="QuantizedCache",
         layer_class=layer_class,
-        requires=Requirements(package=package, extra="quantized"),
+        requires=Requirements(
+            package=package, extra="quantized", cuda_build=QUANTO_CUDA if backend == "quanto" else None
+        ),
         backend=backend,
         nbits=nbits,
     )

@@ -7,7 +7,10 @@ re-derives any of that from the strategy's name.
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from kvsweep.caches.native_build import NativeBuild
 
 Family = Literal["dense", "static", "offloaded", "quantized", "none"]
 RESERVE_SEPARATOR = "@"
@@ -32,6 +35,7 @@ class Requirements:
     cuda: bool = False
     package: str | None = None  # importable module
     extra: str | None = None  # kvsweep's pip extra that brings the package
+    cuda_build: "NativeBuild | None" = None  # an extension the package compiles on first use on CUDA
 
     def install_hint(self) -> str:
         return f"pip install 'kvsweep[{self.extra}]'" if self.extra else f"pip install {self.package}"

@@ -32,7 +32,14 @@ from kvsweep.models.presets import PRESETS  # noqa: E402
 
 PRESET_MODEL_TYPES = sorted({preset.model_type for preset in PRESETS.values()})
 
+# optimum.quanto reads every GPU's compute capability when it is imported where CUDA is available
+# (its CUDA extension's `get_max_cuda_arch`), which initialises CUDA: on a GPU host its import is
+# left to the cells that use it. (`torch.cuda.is_available` asks NVML here and initialises nothing.)
+CUDA_TOUCHING_IMPORTS = ("optimum.quanto",)
+
 for _backend in ("optimum.quanto", "hqq"):  # whichever quantized backends are installed
+    if _backend in CUDA_TOUCHING_IMPORTS and torch.cuda.is_available():
+        continue
     if importlib.util.find_spec(_backend.split(".")[0]) is not None:
         with contextlib.suppress(Exception):
             importlib.import_module(_backend)

@@ -52,6 +52,7 @@ def run_sweep(
         sweep.launch_templates()
         sweep.plan()
         sweep.open_tracking()
+        sweep.prebuild()
         jobs = sweep.queue()
         interrupted = sweep.schedule(jobs)
         return interrupted if interrupted is not None else finish(sweep)
@@ -140,6 +141,15 @@ class SweepRun:
             f"trust_remote_code={cfg.trust_remote_code}; "
             f"MLflow {redact_uri(self.tracking_uri)} parent run {self.sink.parent_run_id or '(pending)'}"
         )
+
+    def prebuild(self) -> None:
+        """Native extensions the pending cells need (quanto's CUDA kernels) are built now, once per node."""
+        from kvsweep.driver.native_builds import prebuild
+
+        pending = [p for p in self.planned if cell_id(p.cell, self.protocol) not in self.done]
+        after = dict(zip(map(id, pending), prebuild(pending, self.device, self.say), strict=True))
+        self.planned = [after.get(id(p), p) for p in self.planned]
+        self.planned_by_id = {cell_id(p.cell, self.protocol): p for p in self.planned}
 
     def queue(self) -> list["Job"]:
         """Resume what has results, record what will not run, and queue the rest (small cells first)."""

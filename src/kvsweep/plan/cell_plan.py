@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsweep.caches import get_strategy
+from kvsweep.caches.native_build import Toolchain, build_problem
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
@@ -39,6 +40,7 @@ def plan_cell(
     parameters: int | None = None,
     device_bytes: int | None = None,
     skip_predicted_oom: bool = True,
+    toolchain: Toolchain | None = None,
 ) -> PlannedCell:
     """`shape` is None when the model's config could not be read here (the runner reports why).
 
@@ -52,7 +54,7 @@ def plan_cell(
         stored = cell_stored_kv_bytes(cell, shape)
         if parameters is not None:
             memory = estimate_peak(cell, strategy, shape, parameters)
-    reason = skip_reason(cell, device, shape, is_installed)
+    reason = skip_reason(cell, device, shape, is_installed, toolchain)
     gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
     if reason is None and memory is not None and gpu_known and not fits(memory, device_bytes or 0):
         reason = (
@@ -62,13 +64,21 @@ def plan_cell(
     return PlannedCell(cell, reason, dense, stored, memory)
 
 
-def skip_reason(cell: Cell, device: str, shape: KvShape | None, is_installed: Callable[[str], bool]) -> str | None:
+def skip_reason(
+    cell: Cell,
+    device: str,
+    shape: KvShape | None,
+    is_installed: Callable[[str], bool],
+    toolchain: Toolchain | None = None,  # what builds native extensions here; None: look on this machine
+) -> str | None:
     strategy = get_strategy(cell.cache)
     needs = strategy.requires
     if needs.cuda and device != "cuda":
         return f"{strategy.base_name} needs CUDA; cells run on {device}"
     if needs.package and not is_installed(needs.package):
         return f"{strategy.name} needs the '{needs.package}' package ({needs.install_hint()})"
+    if needs.cuda_build and device == "cuda" and (problem := build_problem(needs.cuda_build, toolchain)):
+        return problem
     if shape is not None and shape.max_positions is not None:
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
         if needed > shape.max_positions:
