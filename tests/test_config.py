@@ -37,7 +37,7 @@ BAD_CONFIGS = [
     (["measure.warmup=-1"], "measure.warmup must be >= 0", ""),
     (["measure.seed=abc"], "measure.seed", "Integer"),
     (["ray.gpus_per_cell=0"], "ray.gpus_per_cell must be >= 1", ""),
-    (["ray.cpus_per_cell=0"], "ray.cpus_per_cell must be >= 1", ""),
+    (["ray.cpus_per_cell=-1"], "ray.cpus_per_cell must be >= 0", ""),
     (["ray.max_concurrent=-1"], "ray.max_concurrent must be >= 0", ""),
     (["ray.cell_timeout_s=soon"], "ray.cell_timeout_s", "Float"),
     (["mlflow.experiment=''"], "mlflow.experiment is empty", ""),

@@ -91,7 +91,9 @@ class CacheStrategy:
 
     @property
     def compilable(self) -> bool:
-        return self.preallocates
+        """Only fixed-shape caches compile to one graph; an offloaded static cache moves layers between
+        streams and to the host inside the step, which no run has shown to compile (`fullgraph=True`)."""
+        return self.preallocates and self.family != "offloaded"
 
     @property
     def base_name(self) -> str:

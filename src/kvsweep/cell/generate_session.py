@@ -63,6 +63,7 @@ class GenerateSession:
         self.quality_fault = quality_fault
         self.eager_forward = getattr(model, "forward", None)
         self.compiled_calls = 0  # forward passes through the explicitly compiled forward (CPU)
+        self.kept_cache: Any = None  # a compiled static cell's one cache (see `cache_for`)
 
     def compile_forward(self) -> None:
         """CPU: compile the forward explicitly (generation's own compile only runs on CUDA)."""
@@ -85,7 +86,25 @@ class GenerateSession:
         finally:
             self.model.forward = configured
 
-    def generation_config(self, strategy: CacheStrategy) -> GenerationConfig:
+    def cache_for(self, strategy: CacheStrategy) -> Any:
+        """A compiled static cell's cache: one object for the whole cell, reset before each call.
+
+        `generate` would build a new `StaticCache` per call; its tensors are static addresses to the
+        compiler, so CUDA graph trees would record a new graph on every call, inside the measured
+        time. Reusing one cache keeps the addresses, and the graph, of the first calls.
+        """
+        if not (self.cell.compile and strategy.compilable):
+            return None
+        if self.kept_cache is None:
+            from transformers import StaticCache
+
+            length = max(self.inputs.shape[1] + self.cell.max_new_tokens - 1, strategy.reserve_tokens or 0)
+            self.kept_cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=length)
+        self.kept_cache.reset()
+        return self.kept_cache
+
+    def generation_config(self, strategy: CacheStrategy, own_cache: bool = False) -> GenerationConfig:
+        """`own_cache`: the call passes its cache object, so generate is not asked to build one."""
         compile_config = None
         if self.cell.compile and self.cuda:
             from transformers import CompileConfig
@@ -100,12 +119,14 @@ class GenerateSession:
             # Generation compiles static caches by itself on CUDA; only do it when the cell asks.
             disable_compile=compile_config is None,
             compile_config=compile_config,
-            **strategy.generation_options(),
+            **({} if own_cache else strategy.generation_options()),
         )
 
     @torch.inference_mode()
     def call(self, strategy: CacheStrategy) -> MeasuredCall:
-        config = self.generation_config(strategy)
+        cache = self.cache_for(strategy)
+        config = self.generation_config(strategy, own_cache=cache is not None)
+        own = {} if cache is None else {"cache": cache}
         with track_peak_memory(self.device_memory) as peak:
             self.clock.start()
             out = self.model.generate(
@@ -113,6 +134,7 @@ class GenerateSession:
                 attention_mask=self.mask,
                 generation_config=config,
                 logits_processor=self.processors,
+                **own,
             )
             end_ns = self.clock.stop()
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
@@ -127,11 +149,13 @@ class GenerateSession:
         """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
         if self.quality_fault is not None:
             processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
+        cache = self.cache_for(strategy)
         out = self.model.generate(
             self.inputs,
             attention_mask=self.mask,
-            generation_config=self.generation_config(strategy),
+            generation_config=self.generation_config(strategy, own_cache=cache is not None),
             logits_processor=processors,
+            **({} if cache is None else {"cache": cache}),
         )
         return out.sequences[:, self.inputs.shape[1] :].cpu()
 

@@ -9,6 +9,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +29,8 @@ from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
-from kvsweep.models.resolve import KvShape, classify, kv_shape
+from kvsweep.models.resolve import classify, kv_shape
+from kvsweep.models.shape import KvShape
 from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, mean_decode_kv_bytes
@@ -38,9 +40,33 @@ from kvsweep.testing.faults import fault_for
 MAX_ERROR_CHARS = 500
 
 
-def resolve_threads(requested: int) -> int:
-    """0 means every core this process may run on (Ray narrows OMP_NUM_THREADS to num_cpus)."""
-    return requested if requested > 0 else len(os.sched_getaffinity(0))
+@dataclass(frozen=True)
+class Threads:
+    """torch's intra-op thread count for a cell, and which setting decided it (recorded with the result)."""
+
+    count: int
+    source: str  # measure.threads, ray.cpus_per_cell, OMP_NUM_THREADS or cpu affinity
+
+
+def resolve_threads(
+    device: str, requested: int, cpus_per_cell: int, omp_num_threads: str | None, allowed_cpus: int
+) -> Threads:
+    """How many threads a cell computes with; `measure.threads` > 0 is taken as it is.
+
+    Otherwise (`measure.threads=0`, auto): a CPU cell uses every core its process may run on
+    (`allowed_cpus`, its affinity): the CPU is what it measures, one cell at a time. A CUDA cell's CPU
+    work is launching kernels, and the node's other GPUs have cells launching too: it uses the CPUs
+    Ray reserved for it (`cpus_per_cell`, else the `OMP_NUM_THREADS` Ray sets from the actor's CPUs),
+    never more than `allowed_cpus`; with neither (run outside Ray) every allowed core.
+    """
+    if requested > 0:
+        return Threads(requested, "measure.threads")
+    if device == "cuda":
+        if cpus_per_cell > 0:
+            return Threads(min(cpus_per_cell, allowed_cpus), "ray.cpus_per_cell")
+        if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
+            return Threads(min(int(omp_num_threads), allowed_cpus), "OMP_NUM_THREADS")
+    return Threads(allowed_cpus, "cpu affinity")
 
 
 def run_cell(
@@ -51,19 +77,26 @@ def run_cell(
     wait_idle_gpu_s: float = 0.0,
     on_phase: Callable[[str], None] | None = None,
     strategies: list[CacheStrategy] | None = None,
+    cpus_per_cell: int = 0,
 ) -> dict[str, Any]:
     """Entry point for the actor: plain dicts in, a plain dict out.
 
     `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
     `strategies` are those the driver registered beyond the built-ins: this process learns them first.
+    `cpus_per_cell` is what Ray reserved for the cell (0: not known), for `resolve_threads`.
     """
     for strategy in strategies or []:
         register(strategy)
     cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
-    torch.set_num_threads(resolve_threads(protocol.threads))
+    allowed_cpus = len(os.sched_getaffinity(0))
+    threads = resolve_threads(
+        protocol.device, protocol.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
+    )
+    torch.set_num_threads(threads.count)
     warnings.filterwarnings("ignore")
     result = CellResult(cell_id(cell, protocol), cell, OK)
-    result.environment = describe_environment(protocol.device)
+    result.environment = describe_environment(protocol.device)  # its torch_threads: the count set above
+    result.environment["threads_from"] = threads.source
     try:
         _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
     except Exception as exc:

@@ -36,7 +36,9 @@ class MeasureConfig:
     min_duration_s: float = _help(2.0, "keep measuring until the measured runs add up to this many seconds")
     max_repeats: int = _help(30, "cap on measured runs when min_duration_s or target_rel_ci asks for more; 0 = repeats")
     seed: int = _help(0, "seed for random weights and input ids")
-    threads: int = _help(0, "torch intra-op threads in a cell; 0 = every core the cell process may use")
+    threads: int = _help(
+        0, "torch intra-op threads in a cell; 0 = auto: a CPU cell every core it may use, a CUDA cell ray.cpus_per_cell"
+    )
     wait_for_idle_gpu_s: float = _help(0.0, "wait up to this long for other processes to leave the cell's GPU")
     max_host_contention: float = _help(
         0.05, "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)"
@@ -52,7 +54,9 @@ class MeasureConfig:
 class RayConfig:
     address: str = _help("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
     gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA")
-    cpus_per_cell: int = _help(1, "CPUs Ray reserves per cell")
+    cpus_per_cell: int = _help(
+        0, "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA the node's CPUs per GPU x gpus_per_cell (max 8)"
+    )
     max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
     cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
     max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor")

@@ -43,7 +43,7 @@ def validate(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"report.min_token_agreement must be between 0 and 1, got {report['min_token_agreement']}")
     ray = cfg["ray"]
     _at_least("ray.gpus_per_cell", ray["gpus_per_cell"], 1)
-    _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 1)
+    _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 0)  # 0 = auto
     _at_least("ray.max_concurrent", ray["max_concurrent"], 0)
     _at_least("ray.max_retries", ray["max_retries"], 0)
     if ray["cell_timeout_s"] <= 0:

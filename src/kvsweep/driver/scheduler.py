@@ -4,31 +4,41 @@ Results stream back in completion order through `on_result`. Ray's own retries a
 would re-run work in a new process behind our back); the driver retries crashed and timed-out cells
 itself, each attempt in a fresh actor. `admit` may answer for a cell without running it (inferred OOM).
 
-Forking (`ray.fork_cells`, the default): one warm `CellTemplate` per node is started before the
-first cell (`start_templates`); each cell's actor then has its measurement run in a process forked
-from it (`cell/actor.py`), so no cell imports anything.
+Forking (`ray.fork_cells`, the default): one warm `CellTemplate` per node, launched as soon as Ray
+is up (`driver.templates`) and awaited here before the first cell; each cell's actor then has its
+measurement run in a process forked from it (`cell/actor.py`), so no cell imports anything.
 
-Prestart: up to `prestart` spare actors are created ahead of need, so the next cell skips Ray's
-process start. Without forking a spare also imports the cell code, overlapping the running cell.
-For CPU cells the CPU is the measured device: a spare imports under the host's gate
-(exclusive lock) and a cell's measured phase holds the gate shared, so no spare is preparing while a
-cell on this host is being measured. For GPU cells a spare's imports touch no GPU (torch initialises
-CUDA lazily), so they run ungated on the host's other cores; gating them there would starve spares
-on a many-GPU host, where some cell is nearly always in its measured phase.
+Prestart (CPU cells only): up to `prestart` spare actors are created ahead of need, so the next cell
+skips Ray's process start. Without forking a spare also imports the cell code, overlapping the running
+cell. The CPU is the measured device: a spare imports under the host's gate (exclusive lock) and a
+cell's measured phase holds the gate shared, so no spare is preparing while a cell on this host is
+being measured.
+
+GPU cells get no spares. A Ray actor's resources are fixed when it is created, so a spare must ask
+for the GPUs its cell will hold; while every GPU is held by a running cell (the default: one cell
+per GPU) it waits for one to be freed, which is exactly when the next cell's own actor would start:
+nothing overlaps. Where a GPU is free (`max_concurrent` below the GPU count) the spare would hold a
+GPU that no cell measures on, hiding it from everyone else on the cluster. And with forking (the
+default) a spare has nothing to prepare: the template imported everything, the fork takes 0.03 s,
+and CUDA can only be initialised in the cell's own forked process, once its actor holds the GPU.
+
+CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here against the cluster
+(`auto_cpus_per_cell`), and each cell is told the result so that its torch threads match it
+(`cell/run.py`'s `resolve_threads`).
 """
 
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
 
-from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied, template_name
-from kvsweep.cell.template import CellTemplate
+from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
 from kvsweep.driver.ray_session import CellNeeds
+from kvsweep.driver.templates import Templates
 from kvsweep.errors import first_line
 from kvsweep.grid import Cell
 from kvsweep.names import ResultTag
@@ -43,7 +53,7 @@ class Limits:
     max_concurrent: int
     cell_timeout_s: float
     max_retries: int
-    prestart: int = 0  # spare actors prepared ahead of need
+    prestart: int = 0  # spare actors prepared ahead of need (CPU cells only; see the module docstring)
 
 
 @dataclass
@@ -73,21 +83,25 @@ class CellScheduler:
         limits: Limits,
         testing: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
-        fork: bool = False,
+        templates: Templates | None = None,
     ) -> None:
-        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies)."""
+        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies);
+        `cpus_per_cell` is added here."""
         self.protocol = protocol
-        self.limits = limits
+        self.needs = with_cpus_resolved(limits.needs, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        self.limits = replace(limits, needs=self.needs)
         self.testing = testing or {}
-        self.options = options or {}
+        self.options = {**(options or {}), "cpus_per_cell": self.needs.cpus}
         self.running: dict[Any, _Running] = {}
         self.spares: deque[_Spare] = deque()
-        self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **limits.needs.actor_options())(CellActor)
+        self.prestart = spares_wanted(limits.prestart, self.needs)
+        self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **self.needs.actor_options())(CellActor)
         runner = self.testing.get("runner") or ""
         self.gated = protocol.get("device", "cpu") == "cpu"  # see the module docstring
         # The handles keep the templates alive (Ray ends an actor when no handle refers to it).
-        self.templates, self.template_problem = start_templates() if fork else ([], "")
-        self.forked = fork and not self.template_problem
+        self.templates = templates  # launched by the driver at connect; None: cells are not forked
+        self.template_problem = templates.wait() if templates is not None else ""
+        self.forked = templates is not None and not self.template_problem
         # A spare of a forked sweep only starts its (light) process; otherwise it imports the cell code.
         self.prepare_module = "" if self.forked else (runner.partition(":")[0] if runner else RUNNER_MODULE)
 
@@ -167,7 +181,7 @@ class CellScheduler:
         return self.actor_class.remote("", time.time(), self.gated)
 
     def _prestart(self, still_waiting: int) -> None:
-        while len(self.spares) < min(self.limits.prestart, still_waiting):
+        while len(self.spares) < min(self.prestart, still_waiting):
             actor = self.actor_class.remote(self.prepare_module, time.time(), self.gated)
             self.spares.append(_Spare(actor, actor.ready.remote()))
 
@@ -188,33 +202,40 @@ class CellScheduler:
         return jobs
 
 
-TEMPLATE_RESTARTS = 2
-TEMPLATE_START_S = 300.0  # preloading torch and Transformers on a busy node
+def spares_wanted(prestart: int, needs: CellNeeds) -> int:
+    """Spare actors to keep ready: `ray.prestart` for CPU cells, none for cells that hold GPUs (a spare
+    would wait for, or hold idle, a GPU; see the module docstring)."""
+    return 0 if needs.gpus > 0 else prestart
 
 
-def start_templates() -> tuple[list[Any], str]:
-    """One warm template per live node (reused when this driver already has it), and "" when all are
-    ready, else why not (the sweep then measures in each cell's own actor process)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+GPU_CELL_MAX_CPUS = 8
 
-    # A dead template is replaced by a fresh one (Ray restarts it) a few times per sweep, never reused.
-    template_class = ray.remote(num_cpus=0, max_restarts=TEMPLATE_RESTARTS, max_task_retries=0, max_concurrency=64)(
-        CellTemplate
-    )
-    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
-    handles = [
-        template_class.options(
-            name=template_name(node),
-            get_if_exists=True,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote()
+
+def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
+    """`ray.cpus_per_cell=0` (auto): the CPUs Ray reserves for one cell, so its threads can follow them.
+
+    A CPU cell: 1, as always (it computes on every core it may use and cells run one at a time; see
+    `resolve_threads`). A GPU cell: its share of a node's CPUs, the node's CPUs per GPU times the GPUs
+    it holds, so that the node's concurrent cells together use its cores once, not once each; taken on
+    the node that offers the fewest (every node can then fill all its GPUs), at most
+    `GPU_CELL_MAX_CPUS` (a GPU cell's CPU work is mostly one thread launching kernels), at least 1.
+    Nodes that cannot hold a cell (too few GPUs, another accelerator type, a custom resource missing)
+    do not count.
+    """
+    if needs.gpus <= 0:
+        return 1
+    wanted = {k: v for k, v in needs.as_resources().items() if k != "CPU"}
+    shares = [
+        int(node.get("CPU", 0.0) * needs.gpus // node["GPU"])
         for node in nodes
+        if all(node.get(k, 0.0) >= v for k, v in wanted.items())
     ]
-    try:
-        ray.get([handle.ready.remote() for handle in handles], timeout=TEMPLATE_START_S)
-    except Exception as exc:  # e.g. killed while starting (Ray's memory monitor), an import that touched CUDA
-        return [], first_line(exc)
-    return handles, ""
+    return max(1, min(GPU_CELL_MAX_CPUS, min((s for s in shares if s >= 1), default=1)))
+
+
+def with_cpus_resolved(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> CellNeeds:
+    """`needs` with an auto CPU count (0) replaced by `auto_cpus_per_cell`; an explicit count as it is."""
+    return needs if needs.cpus > 0 else replace(needs, cpus=auto_cpus_per_cell(needs, nodes))
 
 
 def _collect(ref: Any, entry: _Running) -> CellResult:

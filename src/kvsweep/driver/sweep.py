@@ -95,9 +95,9 @@ class SweepRun:
 
     def launch_templates(self) -> None:
         """Warm templates start importing now, overlapping the plan and MLflow; the first cell waits."""
-        from kvsweep.driver.templates import Templates, launch_templates
+        from kvsweep.driver.templates import launch_templates
 
-        self.templates = launch_templates() if self.cfg.ray.fork_cells else Templates(problem="")
+        self.templates = launch_templates() if self.cfg.ray.fork_cells else None
 
     def plan(self) -> None:
         self.protocol = protocol_of(self.cfg.measure, self.device)
@@ -213,7 +213,7 @@ class SweepRun:
             "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         }
         scheduler = CellScheduler(
-            self.protocol.to_dict(), limits, self.seams.to_dict(), options, fork=self.cfg.ray.fork_cells
+            self.protocol.to_dict(), limits, self.seams.to_dict(), options, templates=self.templates
         )
         if scheduler.template_problem:
             self.say(f"no warm template ({scheduler.template_problem}); each cell imports in its own process")
