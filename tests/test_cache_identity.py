@@ -71,8 +71,23 @@ def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
     assert int(result["environment"]["compiled_graphs"]) >= 1
     assert result["environment"]["quality_forward"] == "compiled"
     assert result["metrics"]["kl_divergence"] < 1e-4  # an exact cache stays exact when compiled
+    assert result["metrics"]["compile_recaptures"] == 0  # nothing compiled while it was measured
+    # the one cache the cell keeps (reset per call) is the cache generate would have built: 32 + 4 - 1 tokens
+    assert result["tags"]["kvsweep.cache_class"] == "StaticCache/StaticLayer max_cache_len=35"
     eager = run_cell(cell("static"), PROTO)
     assert "compiled_graphs" not in eager["environment"] and eager["environment"]["quality_forward"] == "eager"
+    assert "compile_recaptures" not in eager["metrics"]
+    assert eager["tags"]["kvsweep.cache_class"] == result["tags"]["kvsweep.cache_class"]
+
+
+def test_compiling_while_measured_fails_the_cell_and_keeps_its_numbers():
+    """A fault drops the compiled graphs once per call, so each measured call compiles again."""
+    protocol = {**PROTO, "repeats": 2}
+    result = run_cell(cell("static", compile=True), protocol, faults=[{"fault": "recompile"}])
+    assert result["status"] == "error"
+    assert "during the measured calls" in result["error"], result["error"]
+    assert result["metrics"]["compile_recaptures"] >= 2  # at least one per measured call
+    assert result["metrics"]["tpot_ms"] > 0  # measured, logged, and marked as failed
 
 
 def test_offloading_and_reserved_length_tell_caches_apart():

@@ -63,12 +63,15 @@ class Metric:
     PREFILL_TOKENS_PER_S = "prefill_tokens_per_s"
     DECODE_TOKENS_PER_S = "decode_tokens_per_s"
     FIRST_CALL_MS = "first_call_ms"
+    COMPILE_RECAPTURES = "compile_recaptures"  # graphs compiled or CUDA graphs recorded while measuring
     MODEL_LOAD_S = "model_load_s"
     REPEATS = "repeats"
     DISCARDED_CALLS = "discarded_calls"
     HOST_OTHER_CPU_SHARE = "host_other_cpu_share"
     HOST_STEAL_SHARE = "host_steal_share"
-    KV_CACHE_BYTES = "kv_cache_bytes"
+    KV_CACHE_BYTES = "kv_cache_bytes"  # device + host
+    KV_CACHE_DEVICE_BYTES = "kv_cache_device_bytes"
+    KV_CACHE_HOST_BYTES = "kv_cache_host_bytes"  # offloaded layers in host memory
     KV_CACHE_BYTES_DENSE = "kv_cache_bytes_dense"
     PEAK_DEVICE_MEM_BYTES = "peak_device_mem_bytes"
     PEAK_HOST_RSS_BYTES = "peak_host_rss_bytes"

@@ -1,7 +1,8 @@
 """Checks that a cell's numbers belong to the strategy it names, and the tags that say so.
 
 - the cache `generate` returned is the one the strategy registry says it must produce;
-- a compiled cell really compiled (torch's own counter of compiled graphs);
+- a compiled cell really compiled (torch's own counter of compiled graphs), and compiled nothing
+  more while it was measured (`compile_recaptures`);
 - decode did not move more bytes per second than the device can (`kvsweep.implausible`);
 - how each host peak was taken (`kvsweep.host_peak`).
 """
@@ -41,6 +42,18 @@ def check_compiled(strategy: CacheStrategy, session: GenerateSession) -> int:
     if graphs == 0 or bypassed:
         raise WrongCacheError(f"asked for {strategy.name} compiled, but generate ran it eagerly (no graph compiled)")
     return graphs
+
+
+class CompiledDuringMeasurement(Exception):
+    """A compiled cell recompiled or re-captured a CUDA graph while being measured: its TPOT holds compiler work."""
+
+
+def check_no_recapture(recaptures: int) -> None:
+    if recaptures:
+        raise CompiledDuringMeasurement(
+            f"{recaptures} graph compilation(s) or CUDA graph recording(s) during the measured calls: the timings "
+            "include compiler work (its numbers are logged; compile_recaptures says how many)"
+        )
 
 
 def cell_tags(runs: list[MeasuredCall], metrics: dict[str, float], bandwidth: Bandwidth) -> dict[str, Any]:

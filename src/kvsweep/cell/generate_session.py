@@ -99,7 +99,13 @@ class GenerateSession:
             from transformers import StaticCache
 
             length = max(self.inputs.shape[1] + self.cell.max_new_tokens - 1, strategy.reserve_tokens or 0)
-            self.kept_cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=length)
+            cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=length)
+            shape = self.model._get_static_cache_init_shape()  # (kv heads, head dim), None if not uniform
+            if shape is not None:  # allocated now: the first call's graph is the one every later call uses
+                heads, head_dim = shape
+                device, dtype = self.inputs.device, self.model.dtype
+                cache.early_initialization(self.inputs.shape[0], heads, head_dim, dtype, device)
+            self.kept_cache = cache
         self.kept_cache.reset()
         return self.kept_cache
 

@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
-from kvsweep.cell.checks import cell_tags, check_cache, check_compiled
+from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_no_recapture
 from kvsweep.cell.environment import describe_environment
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.grid import Cell, Protocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
+from kvsweep.measure.compile_events import compile_events
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
@@ -161,9 +162,11 @@ def _measure(
     sharing.wait_until_alone(wait_idle_gpu_s)
     sharing.check()  # before and after the measured phase
     niceness = int(result.environment.get("niceness", 0))
+    compiled_before = compile_events() if cell.compile else 0
     phase = measure_phase(
         lambda: session.call(strategy), lambda c: c.times, sampling_rules(protocol, niceness), HostMeter()
     )
+    recaptures = compile_events() - compiled_before if cell.compile else 0
     sharing.check()
     on_phase("measured")
     for sample in phase.kept:
@@ -172,6 +175,9 @@ def _measure(
     _record_noise(result, phase, host, sharing if session_on_cuda(device) else None)
     quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size, result)
     _record_numbers(result, first, phase, quality, model, shape, bandwidth)
+    if cell.compile:
+        result.metrics[Metric.COMPILE_RECAPTURES] = float(recaptures)
+        check_no_recapture(recaptures)  # after recording: the numbers stay, the cell fails
 
 
 def _record_numbers(

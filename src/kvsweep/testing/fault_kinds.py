@@ -1,4 +1,4 @@
 """The fault names `testing.faults` accepts; apart from `faults.py` so config checks import no torch."""
 
-FAULTS = ("oom", "error", "hang", "exit")
+FAULTS = ("oom", "error", "hang", "exit", "recompile")
 PHASES = ("measure", "quality")

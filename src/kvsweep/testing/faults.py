@@ -26,6 +26,7 @@ def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]], during: str = 
 class InjectFault(LogitsProcessor):
     def __init__(self, fault: str) -> None:
         self.fault = fault
+        self.prompt_length: int | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.fault == "oom":
@@ -37,4 +38,8 @@ class InjectFault(LogitsProcessor):
                 time.sleep(1)
         if self.fault == "exit":
             os._exit(17)
+        if self.fault == "recompile":  # drop compiled graphs once per call: the next step compiles again
+            self.prompt_length = self.prompt_length or input_ids.shape[1]
+            if input_ids.shape[1] == self.prompt_length:
+                torch._dynamo.reset()
         return scores
