@@ -3,11 +3,13 @@
 Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
 device peaks (flat when each call is one request), KV bytes and decode bandwidth utilization.
 Exits 1 when a cell that was not skipped failed, or a peak climbs by more than a tenth of its cache.
-Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`).
+Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`):
+one that was not is a failure (the template found CUDA initialised by a preload, or never started).
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
 """
 
 import sys
+import time
 from pathlib import Path
 
 from kvsweep.results import OK, SKIPPED
@@ -20,6 +22,13 @@ def main(folder: str) -> int:
     journal = Journal(Path(folder)).read()
     failures = 0
     results = journal.latest_results()
+    env = next((r.environment for r in results if r.environment.get("device_name")), {})
+    print(
+        f"kvsweep GPU smoke, {time.strftime('%Y-%m-%d')}: {env.get('device_name', '?')}, "
+        f"CUDA {env.get('cuda_version')}, "
+        f"torch {env.get('torch_version')}, transformers {env.get('transformers_version')}, "
+        f"threads per cell {env.get('torch_threads')}"
+    )
     for result in results:
         cell, tags, metrics = result.cell, result.tags, result.metrics
         name = f"{cell.cache}{' compiled' if cell.compile else ''}"
@@ -42,6 +51,9 @@ def main(folder: str) -> int:
     forked = [r for r in ran if r.environment.get("template")]
     # A template refuses to fork once CUDA is initialised in it, so a forked cell proves a clean one.
     print(f"forked from a CUDA-clean template: {len(forked)} of {len(ran)} cells that ran")
+    if len(forked) < len(ran):  # the template refused (CUDA initialised by a preload) or never started
+        failures += 1
+        print("NOT FORKED: the sweep's output says why the template did not serve (ray.fork_cells=false skips this)")
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 
