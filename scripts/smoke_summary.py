@@ -1,7 +1,9 @@
 """Prints what a GPU smoke run proved, from its journal alone, in a form to paste into a bug report.
 
 Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
-device peaks (flat when each call is one request), KV bytes and decode bandwidth utilization.
+device peaks (flat when each call is one request), KV bytes (device and host for offloaded caches),
+decode bandwidth utilization, and for compiled cells the graphs compiled or recorded while measured
+(a compiled cell with any fails on its own, so it shows as `error`).
 Exits 1 when a cell that was not skipped failed, or a peak climbs by more than a tenth of its cache.
 Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`):
 one that was not is a failure (the template found CUDA initialised by a preload, or never started).
@@ -43,6 +45,13 @@ def main(folder: str) -> int:
                 f" kv {cache / MIB:.2f} MiB util {metrics.get('decode_bandwidth_utilization', float('nan')):.2f}"
                 f" implausible={tags.get('kvsweep.implausible')}{'  PEAKS CLIMB' if climbing else ''}"
             )
+            if metrics.get("kv_cache_host_bytes"):  # an offloaded cache: where its bytes were
+                line += (
+                    f" device {metrics.get('kv_cache_device_bytes', 0) / MIB:.2f} MiB"
+                    f" host {metrics['kv_cache_host_bytes'] / MIB:.2f} MiB"
+                )
+            if cell.compile:
+                line += f" recaptures {metrics.get('compile_recaptures', float('nan')):.0f}"
         else:
             failures += result.status != SKIPPED
             line += f" {result.error[:160]}"

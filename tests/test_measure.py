@@ -52,8 +52,8 @@ def test_cache_bytes_counts_storages_once_and_walks_payloads():
     keys = torch.zeros(2, 4, 10, 8)  # 2560 bytes
     payload = (torch.zeros(100, dtype=torch.uint8), {"scale": torch.zeros(10, dtype=torch.float16), "n": 4})
     layer = _Layer(keys=keys, values=keys[:, :, :5], length=torch.tensor(3), q=payload)
-    assert cache_bytes(_Cache([layer])) == 2560 + 100 + 20
-    assert cache_bytes(None) == 0
+    assert cache_bytes(_Cache([layer])).total == 2560 + 100 + 20
+    assert cache_bytes(None).total == 0
 
 
 def test_redact_uri():

@@ -78,6 +78,8 @@ class Metric:
     PREDICTED_PEAK_DEVICE_MEM_BYTES = "predicted_peak_device_mem_bytes"
     PREDICTED_WEIGHTS_BYTES = "predicted_weights_bytes"
     PREDICTED_KV_DEVICE_BYTES = "predicted_kv_device_bytes"
+    PREDICTED_KV_HOST_BYTES = "predicted_kv_host_bytes"  # offloaded: pinned blocks, rounded up
+    PREDICTED_TRANSFER_S_PER_TOKEN = "predicted_transfer_s_per_token"  # offloaded: host link round trip
     DECODE_BYTES_PER_TOKEN = "decode_bytes_per_token"
     MEM_BANDWIDTH_GBPS = "mem_bandwidth_gbps"
     DECODE_BANDWIDTH_UTILIZATION = "decode_bandwidth_utilization"

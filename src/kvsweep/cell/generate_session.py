@@ -2,7 +2,8 @@
 
 A call keeps only what the summary needs (timestamps, peaks, token ids, the cache's byte count and
 identity) and lets the rest — cache, outputs, logits — go before it returns, so the next call's peak
-memory starts from the model alone, not from every earlier call's cache.
+memory starts from the model alone, not from every earlier call's cache. The one exception is a
+compiled static cell, whose single preallocated cache is kept and reset (`cache_for`).
 """
 
 import functools
@@ -17,7 +18,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from kvsweep.caches import CacheStrategy
 from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
-from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.measure.kv_bytes import KvBytes, cache_bytes
 from kvsweep.measure.memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.testing.faults import InjectFault
@@ -28,7 +29,7 @@ class MeasuredCall:
     times: TokenTimes
     peak: PeakMemory
     new_tokens: torch.Tensor  # on the host
-    kv_bytes: int  # what the returned cache held (the cache itself is gone)
+    kv_bytes: KvBytes  # what the returned cache held, on the device and in host memory (the cache is gone)
     identity: CacheIdentity
 
 
@@ -148,7 +149,8 @@ class GenerateSession:
         if new_tokens.shape[1] != self.cell.max_new_tokens:
             raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
         cache = getattr(out, "cache", None)
-        return MeasuredCall(times, peak, new_tokens.cpu(), cache_bytes(cache), describe_cache(cache))
+        place = "cuda" if self.cuda else "cpu"
+        return MeasuredCall(times, peak, new_tokens.cpu(), cache_bytes(cache, place), describe_cache(cache))
 
     @torch.inference_mode()
     def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:

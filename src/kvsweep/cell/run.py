@@ -196,7 +196,10 @@ def _record_numbers(
     result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
     result.metrics.update(quality)
     result.metrics[Metric.FIRST_CALL_MS] = first.times.e2e_ms
-    result.metrics[Metric.KV_CACHE_BYTES] = float(runs[-1].kv_bytes)
+    kv = runs[-1].kv_bytes
+    result.metrics[Metric.KV_CACHE_BYTES] = float(kv.total)
+    result.metrics[Metric.KV_CACHE_DEVICE_BYTES] = float(kv.device)
+    result.metrics[Metric.KV_CACHE_HOST_BYTES] = float(kv.host)
     result.metrics[Metric.KV_CACHE_BYTES_DENSE] = float(cell_dense_kv_bytes(cell, shape))
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens

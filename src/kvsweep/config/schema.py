@@ -78,6 +78,8 @@ class MlflowConfig:
 class PlannerConfig:
     device_memory_gb: float = _help(0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any")
     skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
+    host_memory_gb: float = _help(0.0, "host memory of a GPU node, for offloaded caches; 0 = this machine's")
+    host_link_gbps: float = _help(25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
+from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class PlannedCell:
     kv_dense_bytes: int | None = None
     kv_stored_bytes: int | None = None
     memory: MemoryEstimate | None = None  # predicted device memory (when the model's size is known)
+    offload: OffloadEstimate | None = None  # offloaded caches on CUDA: host memory and transfer time
 
     @property
     def runs(self) -> bool:
@@ -41,6 +43,7 @@ def plan_cell(
     device_bytes: int | None = None,
     skip_predicted_oom: bool = True,
     toolchain: Toolchain | None = None,
+    host: HostLimits | None = None,
 ) -> PlannedCell:
     """`shape` is None when the model's config could not be read here (the runner reports why).
 
@@ -61,7 +64,12 @@ def plan_cell(
             f"predicted oom: needs {memory.peak_bytes / GIB:.1f} GiB "
             f"(+{CUDA_CONTEXT_BYTES / GIB:.0f} GiB CUDA context) of {(device_bytes or 0) / GIB:.1f} GiB"
         )
-    return PlannedCell(cell, reason, dense, stored, memory)
+    offload = None
+    if device == "cuda" and shape is not None and host is not None:
+        offload = estimate_offload(cell, strategy, shape, host.link_gbps, host.calls)
+        if reason is None and offload is not None and skip_predicted_oom:
+            reason = offload_problem(offload, host.timeout_s, host.memory_bytes)
+    return PlannedCell(cell, reason, dense, stored, memory, offload)
 
 
 def skip_reason(

@@ -9,6 +9,7 @@ from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
+from kvsweep.plan.offload import host_limits
 from kvsweep.report.table import MIB
 
 
@@ -33,6 +34,10 @@ def plan_sweep(cfg: KvSweepConfig, device: str) -> tuple[list[PlannedCell], dict
     facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
     planner = cfg.planner
     device_bytes = detect_device_bytes(device, planner.device_memory_gb)
+    measure = cfg.measure
+    host = host_limits(
+        planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, measure.warmup, measure.repeats
+    )
     planned = []
     for cell in cells:
         fact = facts.get(cell.model)
@@ -44,6 +49,7 @@ def plan_sweep(cfg: KvSweepConfig, device: str) -> tuple[list[PlannedCell], dict
                 parameters=fact.parameters if fact else None,
                 device_bytes=device_bytes,
                 skip_predicted_oom=planner.skip_predicted_oom,
+                host=host,
             )
         )
     return planned, problems
@@ -63,14 +69,16 @@ def plan_text(planned: list[PlannedCell], problems: dict[str, str], device: str)
 
 def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
     """Logged beside the measured peak so the planner's estimate can be checked."""
-    if planned.memory is None:
-        return {}
-    m = planned.memory
-    return {
-        Metric.PREDICTED_PEAK_DEVICE_MEM_BYTES: float(m.peak_bytes),
-        Metric.PREDICTED_WEIGHTS_BYTES: float(m.weights_bytes),
-        Metric.PREDICTED_KV_DEVICE_BYTES: float(m.kv_device_bytes),
-    }
+    metrics: dict[str, float] = {}
+    if planned.memory is not None:
+        m = planned.memory
+        metrics[Metric.PREDICTED_PEAK_DEVICE_MEM_BYTES] = float(m.peak_bytes)
+        metrics[Metric.PREDICTED_WEIGHTS_BYTES] = float(m.weights_bytes)
+        metrics[Metric.PREDICTED_KV_DEVICE_BYTES] = float(m.kv_device_bytes)
+    if planned.offload is not None:
+        metrics[Metric.PREDICTED_KV_HOST_BYTES] = float(planned.offload.host_bytes)
+        metrics[Metric.PREDICTED_TRANSFER_S_PER_TOKEN] = planned.offload.seconds_per_token
+    return metrics
 
 
 def protocol_of(m: MeasureConfig, device: str) -> Protocol:
