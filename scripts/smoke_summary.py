@@ -57,6 +57,9 @@ def main(folder: str) -> int:
             line += f" {result.error[:160]}"
         print(line)
     ran = [r for r in results if r.status != SKIPPED]
+    verdicts = sorted({str(r.tags.get("kvsweep.contended")) for r in ran})
+    sources = sorted({str(r.environment.get("threads_from")) for r in ran})
+    print(f"GPU sharing verdicts (NVML): {', '.join(verdicts)}; threads decided by: {', '.join(sources)}")
     forked = [r for r in ran if r.environment.get("template")]
     # A template refuses to fork once CUDA is initialised in it, so a forked cell proves a clean one.
     print(f"forked from a CUDA-clean template: {len(forked)} of {len(ran)} cells that ran")

@@ -11,9 +11,10 @@ import os
 import pytest
 import torch
 
-from kvsweep.cell.run import Threads, resolve_threads, run_cell
+from kvsweep.cell.run import run_cell
+from kvsweep.cell.threads import Threads, resolve_threads
+from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
-from kvsweep.driver.scheduler import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 
 H100_NODE = {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 2 CPUs per GPU
 BIG_NODE = {"CPU": 192.0, "GPU": 8.0}  # 24 CPUs per GPU

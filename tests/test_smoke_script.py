@@ -38,3 +38,15 @@ def test_summary_names_each_cells_cache_class_and_peaks(run_sweep):
     assert any(line.startswith("offloaded") and "skipped" in line and "CUDA" in line for line in lines)
     assert "forked from a CUDA-clean template: 2 of 2 cells that ran" in lines  # dynamic and static
     assert lines[-1] == "OK: 0 problem(s)"
+
+
+def test_summary_fails_when_cells_were_not_forked_from_the_template(run_sweep):
+    """On a GPU this is how a preload that initialised CUDA shows: the template refuses, cells run unforked."""
+    run = run_sweep("grid.caches=[dynamic]", "measure.repeats=2", "ray.fork_cells=false")
+    assert run.code == 0
+    done = subprocess.run(
+        [sys.executable, ROOT / "scripts/smoke_summary.py", run.run_dir], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "forked from a CUDA-clean template: 0 of 1 cells that ran" in done.stdout
+    assert "NOT FORKED" in done.stdout and done.stdout.splitlines()[-1] == "FAILED: 1 problem(s)"

@@ -60,7 +60,7 @@ class RayConfig:
     max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
     cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
     max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor")
-    prestart: int = _help(1, "spare cell actors started ahead of need; 0 = off")
+    prestart: int = _help(1, "spare cell actors started ahead of need (CPU cells only); 0 = off")
     fork_cells: bool = _help(
         True, "measure each cell in a fresh process forked from a warm per-node template (false: import per cell)"
     )
