@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsweep.caches.native_build import QUANTO_CUDA, NativeBuild, Toolchain, build_problem, find_toolchain
+from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA, NativeBuild, Toolchain, build_problem, find_toolchain
 from kvsweep.grid import Cell
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.sweep_plan import model_facts
@@ -72,7 +72,7 @@ def _package_with_stamp(root: Path, stamp: str | None) -> NativeBuild:
     (root / "fakeext" / "__init__.py").write_text("")
     if stamp is not None:
         (build_dir / "pytorch_version.txt").write_text(stamp + "\n")
-    return NativeBuild("fake_cuda", "fakeext", "kernels/build", "pytorch_version.txt", build=lambda: None)
+    return NativeBuild("fake_cuda", "cuda", "fakeext", "kernels/build", "pytorch_version.txt", build=lambda: None)
 
 
 @pytest.mark.parametrize(
@@ -87,3 +87,38 @@ def test_an_extension_built_for_the_installed_torch_needs_no_toolkit(tmp_path, m
     assert (problem is not None) == needs_toolkit  # an old torch's build is rebuilt by the package
     if problem:
         assert "fake_cuda" in problem and "nvcc" in problem and os.sep not in problem.split("(")[0]
+
+
+def test_quanto_on_cpu_needs_only_a_compiler_and_ninja_and_is_skipped_without_them():
+    pytest.importorskip("optimum.quanto")
+    cpu_cell = Cell("tiny-llama", "float32", 256, 1, 32, "quantized-quanto-int4", False)
+    facts, _ = model_facts([cpu_cell.model], False)
+    shape = facts[cpu_cell.model].shape
+    no_cuda = Toolchain(cuda_home=None, ninja=True, compiler=True)
+    assert plan_cell(cpu_cell, "cpu", shape, toolchain=no_cuda).runs  # no CUDA toolkit needed for quanto_cpp
+    nothing = Toolchain(cuda_home=None, ninja=False, compiler=False)
+    planned = plan_cell(cpu_cell, "cpu", shape, toolchain=nothing)
+    if QUANTO_CPP.built_for_installed_torch():
+        assert planned.runs  # built before for this torch: nothing to compile
+    else:
+        assert not planned.runs and "quanto_cpp" in planned.skip_reason and "c++" in planned.skip_reason
+
+
+def test_a_one_node_cluster_rebuilds_nothing_already_built(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from kvsweep.caches import Requirements, get_strategy, registered
+    from kvsweep.driver.native_builds import needed_builds
+    from kvsweep.plan.cell_plan import PlannedCell
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    built = replace(_package_with_stamp(tmp_path, importlib.metadata.version("torch")), device="cpu")
+    needs = Requirements(native_builds=(built,))
+    strategy = replace(get_strategy("dynamic"), name="dynamic-with-a-build", requires=needs)
+    with registered(strategy):
+        planned = [PlannedCell(Cell("tiny-llama", "float32", 64, 1, 4, strategy.name, False), None)]
+        assert needed_builds(planned, "cpu", nodes=[{}]) == []  # built here for this torch: left alone
+        assert needed_builds(planned, "cpu", nodes=[{}, {}]) == [built]  # other nodes may lack it
+        assert needed_builds(planned, "cuda", nodes=[{}, {}]) == []  # a CPU extension is no CUDA cell's business
+        skipped = [PlannedCell(planned[0].cell, "skipped for another reason")]
+        assert needed_builds(skipped, "cpu", nodes=[{}, {}]) == []

@@ -1,10 +1,11 @@
 """Native extensions a cache backend compiles on first use, and whether this machine can build them.
 
-optimum-quanto compiles its CUDA kernels (`quanto_cuda`: unpack, AWQ, Marlin) with
-`torch.utils.cpp_extension.load` the first time a CUDA cell needs them: minutes of nvcc inside a
-cell's first call, written into site-packages, and an `error` for every cell where no CUDA toolkit
-is installed (a pip-installed torch brings none). kvsweep plans such cells as skipped when the
-build cannot happen, and otherwise builds once per node before any cell is timed.
+optimum-quanto compiles its kernels with `torch.utils.cpp_extension.load` the first time a cell
+needs them: on CUDA `quanto_cuda` (unpack, AWQ, Marlin; minutes of nvcc), on CPU `quanto_cpp` (about
+a minute of g++ on 2 cores), inside a cell's first call, written into site-packages, and an `error`
+for every cell where the compiler is missing (a pip-installed torch brings no CUDA toolkit).
+kvsweep plans such cells as skipped when the build cannot happen, and otherwise builds once per
+node before any cell is timed.
 """
 
 import importlib
@@ -20,10 +21,11 @@ from pathlib import Path
 @dataclass(frozen=True)
 class NativeBuild:
     name: str  # the extension's name, as the package registers it
+    device: str  # the cells that need it: "cpu" or "cuda"
     package: str  # importable module that owns it
     build_dir: str  # relative to the package's folder; holds the built library and a version stamp
     version_stamp: str  # file in build_dir naming the torch version it was built for
-    build: Callable[[], None]  # compiles it (or loads it when already built); needs a visible GPU
+    build: Callable[[], None]  # compiles it (or loads it when already built); CUDA ones need a visible GPU
 
     def built_for_installed_torch(self) -> bool:
         """Built before, for the torch installed now (the package rebuilds on a version change)."""
@@ -49,11 +51,11 @@ class Toolchain:
     ninja: bool
     compiler: bool
 
-    def missing(self) -> list[str]:
+    def missing(self, device: str = "cuda") -> list[str]:
         return [
             what
             for what, present in (
-                ("a CUDA toolkit (nvcc; set CUDA_HOME)", self.cuda_home is not None),
+                ("a CUDA toolkit (nvcc; set CUDA_HOME)", self.cuda_home is not None or device != "cuda"),
                 ("ninja (pip install ninja)", self.ninja),
                 ("a C++ compiler (c++)", self.compiler),
             )
@@ -81,25 +83,38 @@ def build_problem(build: NativeBuild, toolchain: Toolchain | None = None) -> str
     """Why the extension can neither be found built nor be built here, or None."""
     if build.built_for_installed_torch():
         return None
-    missing = (toolchain or find_toolchain()).missing()
+    missing = (toolchain or find_toolchain()).missing(build.device)
     if not missing:
         return None
+    hint = " (the CUDA toolkit matching torch's CUDA version)" if build.device == "cuda" else ""
     return (
-        f"{build.package} compiles its CUDA extension {build.name} on first use and this machine lacks "
-        f"{', '.join(missing)}; install them (the CUDA toolkit matching torch's CUDA version) and rerun"
+        f"{build.package} compiles its {build.device.upper()} extension {build.name} on first use and this "
+        f"machine lacks {', '.join(missing)}; install them{hint} and rerun"
     )
 
 
-def _build_quanto_cuda() -> None:
-    importlib.import_module("optimum.quanto")
-    extensions = importlib.import_module("optimum.quanto.library.extensions")
-    extensions.get_extension("quanto_cuda").lib  # noqa: B018  (the property compiles or loads it)
+def _build_quanto(name: str) -> Callable[[], None]:
+    def build() -> None:
+        importlib.import_module("optimum.quanto")
+        extensions = importlib.import_module("optimum.quanto.library.extensions")
+        extensions.get_extension(name).lib  # noqa: B018  (the property compiles or loads it)
+
+    return build
 
 
 QUANTO_CUDA = NativeBuild(
     name="quanto_cuda",
+    device="cuda",
     package="optimum.quanto",
     build_dir="library/extensions/cuda/build",
     version_stamp="pytorch_version.txt",
-    build=_build_quanto_cuda,
+    build=_build_quanto("quanto_cuda"),
+)
+QUANTO_CPP = NativeBuild(
+    name="quanto_cpp",
+    device="cpu",
+    package="optimum.quanto",
+    build_dir="library/extensions/cpp/build",
+    version_stamp="pytorch_version.txt",
+    build=_build_quanto("quanto_cpp"),
 )

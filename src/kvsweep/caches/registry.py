@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 from kvsweep.caches.accounting import dense_bytes, hqq_bytes, no_bytes, quanto_bytes, reserved_bytes
-from kvsweep.caches.native_build import QUANTO_CUDA
+from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA
 from kvsweep.caches.strategy import RESERVE_SEPARATOR, CacheStrategy, Requirements
 
 BASELINE = "dynamic"  # the strategy every other one is compared with (speed, memory, output agreement)
@@ -26,7 +26,7 @@ def _quantized(backend: str, package: str, layer_class: str, nbits: int) -> Cach
         cache_class="QuantizedCache",
         layer_class=layer_class,
         requires=Requirements(
-            package=package, extra="quantized", cuda_build=QUANTO_CUDA if backend == "quanto" else None
+            package=package, extra="quantized", native_builds=(QUANTO_CPP, QUANTO_CUDA) if backend == "quanto" else ()
         ),
         backend=backend,
         nbits=nbits,

@@ -35,7 +35,7 @@ class Requirements:
     cuda: bool = False
     package: str | None = None  # importable module
     extra: str | None = None  # kvsweep's pip extra that brings the package
-    cuda_build: "NativeBuild | None" = None  # an extension the package compiles on first use on CUDA
+    native_builds: tuple["NativeBuild", ...] = ()  # extensions the package compiles on first use, per device
 
     def install_hint(self) -> str:
         return f"pip install 'kvsweep[{self.extra}]'" if self.extra else f"pip install {self.package}"

@@ -1,9 +1,11 @@
-"""Build the native extensions runnable cells need, once per GPU node, before any cell is timed.
+"""Build the native extensions runnable cells need, once per node, before any cell is timed.
 
-A build inside a cell would land in its first call (minutes of nvcc) and, with several cells
-starting together, make them queue on the package's build lock. Here each GPU node builds (or just
-loads, when already built) in a short Ray task holding one GPU; a node whose build fails turns its
-cells into `skipped` with the compiler's first line, so nothing runs into it blind.
+A build inside a cell would land in its first call (minutes of nvcc, a minute of g++) and, with
+several cells starting together, make them queue on the package's build lock. Here each node that
+runs such cells builds (or, on CUDA, just loads when already built) in a short Ray task holding what
+the cells hold (a GPU for CUDA extensions); a failed build turns those cells into `skipped` with the
+compiler's first line, so nothing runs into it blind. On a one-node cluster an extension already
+built for the installed torch is not touched.
 """
 
 import time
@@ -21,11 +23,14 @@ from kvsweep.plan.cell_plan import PlannedCell
 BUILD_TIMEOUT_S = 1800.0  # nvcc over quanto's Marlin kernels takes minutes on a busy node
 
 
-def needed_builds(planned: list[PlannedCell], device: str) -> dict[str, NativeBuild]:
-    if device != "cuda":
-        return {}
-    builds = (get_strategy(p.cell.cache).requires.cuda_build for p in planned if p.runs)
-    return {b.name: b for b in builds if b is not None}
+def builds_of(planned: PlannedCell, device: str) -> tuple[NativeBuild, ...]:
+    return tuple(b for b in get_strategy(planned.cell.cache).requires.native_builds if b.device == device)
+
+
+def needed_builds(planned: list[PlannedCell], device: str, nodes: list[dict[str, Any]]) -> list[NativeBuild]:
+    """The builds runnable cells need on `device`; on one node, only those not built there already."""
+    builds = {b.name: b for p in planned if p.runs for b in builds_of(p, device)}
+    return [b for b in builds.values() if len(nodes) > 1 or not b.built_for_installed_torch()]
 
 
 def _build_on_this_node(build: NativeBuild) -> float:
@@ -38,14 +43,15 @@ def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]
     """The plan, with cells whose extension failed to build marked skipped."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    resource = "GPU" if device == "cuda" else "CPU"
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get(resource, 0) >= 1]
     failed: dict[str, str] = {}
-    for build in needed_builds(planned, device).values():
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
-        task = ray.remote(num_gpus=1, num_cpus=1, max_retries=0)(_build_on_this_node)
-        say(f"building {build.package}'s CUDA extension {build.name} on {len(nodes)} node(s) before any cell ...")
-        refs: list[Any] = [
-            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(build)
-            for node in nodes
+    for build in needed_builds(planned, device, nodes):
+        task = ray.remote(num_gpus=1 if device == "cuda" else 0, num_cpus=1, max_retries=0)(_build_on_this_node)
+        say(f"building {build.package}'s {device} extension {build.name} on {len(nodes)} node(s) before any cell ...")
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(build)
+            for n in nodes
         ]
         try:
             seconds = ray.get(refs, timeout=BUILD_TIMEOUT_S)
@@ -56,8 +62,8 @@ def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]
     if not failed:
         return planned
     return [
-        replace(p, skip_reason=failed[b.name])
-        if p.runs and (b := get_strategy(p.cell.cache).requires.cuda_build) and b.name in failed
+        replace(p, skip_reason=failed[names[0]])
+        if p.runs and (names := [b.name for b in builds_of(p, device) if b.name in failed])
         else p
         for p in planned
     ]

@@ -85,8 +85,9 @@ def skip_reason(
         return f"{strategy.base_name} needs CUDA; cells run on {device}"
     if needs.package and not is_installed(needs.package):
         return f"{strategy.name} needs the '{needs.package}' package ({needs.install_hint()})"
-    if needs.cuda_build and device == "cuda" and (problem := build_problem(needs.cuda_build, toolchain)):
-        return problem
+    for build in (b for b in needs.native_builds if b.device == device):
+        if problem := build_problem(build, toolchain):
+            return problem
     if shape is not None and shape.max_positions is not None:
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
         if needed > shape.max_positions:
