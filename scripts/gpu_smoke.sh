@@ -17,4 +17,5 @@ out=$(scripts/smoke_paths.sh "${OUT:-outputs/gpu_smoke}")
 status=0
 python -m kvsweep +sweep=gpu_smoke "hydra.run.dir=$out" "mlflow.tracking_uri=sqlite:///$out/mlflow.db" "$@" || status=$?
 python scripts/smoke_summary.py "$out" || status=$((status == 0 ? 1 : status))
+echo "smoke run took ${SECONDS} s (setup, sweep with its compiles and quanto's CUDA build, summary)"
 exit "$status"

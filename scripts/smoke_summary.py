@@ -4,7 +4,8 @@ Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`)
 device peaks (flat when each call is one request), KV bytes (device and host for offloaded caches),
 decode bandwidth utilization, and for compiled cells the graphs compiled or recorded while measured
 (a compiled cell with any fails on its own, so it shows as `error`).
-Exits 1 when a cell that was not skipped failed, or a peak climbs by more than a tenth of its cache.
+Exits 1 when a cell that was not skipped failed, a peak climbs by more than a tenth of its cache, or an
+offloaded cell held nothing in host memory.
 Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`):
 one that was not is a failure (the template found CUDA initialised by a preload, or never started).
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
@@ -45,11 +46,12 @@ def main(folder: str) -> int:
                 f" kv {cache / MIB:.2f} MiB util {metrics.get('decode_bandwidth_utilization', float('nan')):.2f}"
                 f" implausible={tags.get('kvsweep.implausible')}{'  PEAKS CLIMB' if climbing else ''}"
             )
-            if metrics.get("kv_cache_host_bytes"):  # an offloaded cache: where its bytes were
-                line += (
-                    f" device {metrics.get('kv_cache_device_bytes', 0) / MIB:.2f} MiB"
-                    f" host {metrics['kv_cache_host_bytes'] / MIB:.2f} MiB"
-                )
+            if cell.cache.startswith("offloaded"):  # where its bytes were: most of them on the host
+                host = metrics.get("kv_cache_host_bytes", 0.0)
+                line += f" device {metrics.get('kv_cache_device_bytes', 0) / MIB:.2f} MiB host {host / MIB:.2f} MiB"
+                if host <= 0:
+                    failures += 1
+                    line += "  NOTHING OFFLOADED"
             if cell.compile:
                 line += f" recaptures {metrics.get('compile_recaptures', float('nan')):.0f}"
         else:
