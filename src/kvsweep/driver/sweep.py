@@ -39,8 +39,9 @@ def sweep_key(cfg: KvSweepConfig) -> str:
 def run_sweep(
     cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO | None = None, seams: Seams | None = None
 ) -> int:
-    """The sweep's stages in order: connect, plan, open tracking, resume, schedule (recording each
-    result), then the table, the report and the closing lines. Returns the exit code."""
+    """The sweep's stages in order: connect (the warm templates start importing at once), plan, open
+    tracking, build native extensions, resume, schedule (recording each result), then the table, the
+    report and the closing lines. Returns the exit code."""
     from kvsweep.driver import ray_session
     from kvsweep.driver.prewarm import prewarm
 
