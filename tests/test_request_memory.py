@@ -48,7 +48,9 @@ def test_a_growing_dynamic_cache_does_not_accumulate_across_repeats():
     assert cache == 2 * 4 * 2 * 32 * (1024 + 8 - 1) * 16 * 4
     peaks = [s["peak_host_rss_bytes"] for s in result["samples"]["repeats"]]
     first, last = sorted(peaks[:6])[3], sorted(peaks[6:])[3]
-    assert last - first < 0.5 * cache, [p // MIB for p in peaks]  # kept caches: +6 caches here
+    # Kept caches would add 6 caches here; glibc's placement alone moved this median by up to 0.75 of
+    # a cache in 12 runs on this machine (old and new code alike), so one cache is the line.
+    assert last - first < cache, [p // MIB for p in peaks]
     assert max(peaks) - min(peaks) < 3 * cache  # kept caches: +11 caches
 
 
