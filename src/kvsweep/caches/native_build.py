@@ -102,19 +102,16 @@ def _build_quanto(name: str) -> Callable[[], None]:
     return build
 
 
-QUANTO_CUDA = NativeBuild(
-    name="quanto_cuda",
-    device="cuda",
-    package="optimum.quanto",
-    build_dir="library/extensions/cuda/build",
-    version_stamp="pytorch_version.txt",
-    build=_build_quanto("quanto_cuda"),
-)
-QUANTO_CPP = NativeBuild(
-    name="quanto_cpp",
-    device="cpu",
-    package="optimum.quanto",
-    build_dir="library/extensions/cpp/build",
-    version_stamp="pytorch_version.txt",
-    build=_build_quanto("quanto_cpp"),
-)
+def _quanto_extension(name: str, device: str, folder: str) -> NativeBuild:
+    return NativeBuild(
+        name=name,
+        device=device,
+        package="optimum.quanto",
+        build_dir=f"library/extensions/{folder}/build",
+        version_stamp="pytorch_version.txt",  # quanto's own: it rebuilds when the torch version differs
+        build=_build_quanto(name),
+    )
+
+
+QUANTO_CUDA = _quanto_extension("quanto_cuda", "cuda", "cuda")
+QUANTO_CPP = _quanto_extension("quanto_cpp", "cpu", "cpp")

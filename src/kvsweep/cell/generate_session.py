@@ -99,7 +99,7 @@ class GenerateSession:
         if self.kept_cache is None:
             from transformers import StaticCache
 
-            length = max(self.inputs.shape[1] + self.cell.max_new_tokens - 1, strategy.reserve_tokens or 0)
+            length = max(self.cell.cached_tokens, strategy.reserve_tokens or 0)
             cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=length)
             shape = self.model._get_static_cache_init_shape()  # (kv heads, head dim), None if not uniform
             if shape is not None:  # allocated now: the first call's graph is the one every later call uses
@@ -129,19 +129,19 @@ class GenerateSession:
             **({} if own_cache else strategy.generation_options()),
         )
 
-    @torch.inference_mode()
-    def call(self, strategy: CacheStrategy) -> MeasuredCall:
+    def generate_options(self, strategy: CacheStrategy) -> dict[str, Any]:
+        """`generate`'s config, and the kept cache when the cell has one: the same for every call."""
         cache = self.cache_for(strategy)
         config = self.generation_config(strategy, own_cache=cache is not None)
-        own = {} if cache is None else {"cache": cache}
+        return {"generation_config": config, **({} if cache is None else {"cache": cache})}
+
+    @torch.inference_mode()
+    def call(self, strategy: CacheStrategy) -> MeasuredCall:
+        options = self.generate_options(strategy)
         with track_peak_memory(self.device_memory) as peak:
             self.clock.start()
             out = self.model.generate(
-                self.inputs,
-                attention_mask=self.mask,
-                generation_config=config,
-                logits_processor=self.processors,
-                **own,
+                self.inputs, attention_mask=self.mask, logits_processor=self.processors, **options
             )
             end_ns = self.clock.stop()
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
@@ -157,13 +157,8 @@ class GenerateSession:
         """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
         if self.quality_fault is not None:
             processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
-        cache = self.cache_for(strategy)
         out = self.model.generate(
-            self.inputs,
-            attention_mask=self.mask,
-            generation_config=self.generation_config(strategy, own_cache=cache is not None),
-            logits_processor=processors,
-            **({} if cache is None else {"cache": cache}),
+            self.inputs, attention_mask=self.mask, logits_processor=processors, **self.generate_options(strategy)
         )
         return out.sequences[:, self.inputs.shape[1] :].cpu()
 
