@@ -23,7 +23,7 @@ def decode_weight_bytes(model: Any) -> int:
 
 def bandwidth_metrics(bytes_per_token: float, tpot_ms: float, bandwidth: Bandwidth) -> dict[str, float]:
     """`decode_bytes_per_token`, `mem_bandwidth_gbps` and `decode_bandwidth_utilization`."""
-    metrics = {"decode_bytes_per_token": float(bytes_per_token), Metric.MEM_BANDWIDTH_GBPS: bandwidth.gbps}
+    metrics = {Metric.DECODE_BYTES_PER_TOKEN: float(bytes_per_token), Metric.MEM_BANDWIDTH_GBPS: bandwidth.gbps}
     if tpot_ms > 0 and bandwidth.gbps > 0:
         metrics[Metric.DECODE_BANDWIDTH_UTILIZATION] = bytes_per_token / (tpot_ms / 1e3) / (bandwidth.gbps * 1e9)
     return metrics

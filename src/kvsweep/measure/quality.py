@@ -69,7 +69,7 @@ def teacher_forced_kl(
     recorder = StepLogProbs(reference[0].shape[0])
     generate(LogitsProcessorList([recorder, ForceTokens(reference_tokens, prompt_length)]))
     per_step = [kl_divergence(p, q) for p, q in zip(reference, recorder.steps, strict=True)]
-    return {"kl_divergence": float(torch.stack(per_step).mean()), Metric.KL_DIVERGENCE_MAX: float(max(per_step))}
+    return {Metric.KL_DIVERGENCE: float(torch.stack(per_step).mean()), Metric.KL_DIVERGENCE_MAX: float(max(per_step))}
 
 
 def kl_divergence(reference_log_probs: torch.Tensor, candidate_log_probs: torch.Tensor) -> torch.Tensor:

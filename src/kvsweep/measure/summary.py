@@ -45,4 +45,4 @@ def token_agreement(tokens: torch.Tensor, baseline: torch.Tensor) -> dict[str, f
     per_position = equal.all(dim=0)
     diverged = (~per_position).nonzero()
     first = int(diverged[0, 0]) if diverged.numel() else tokens.shape[1]
-    return {"token_agreement": float(equal.float().mean()), Metric.FIRST_DIVERGENCE: float(first)}
+    return {Metric.TOKEN_AGREEMENT: float(equal.float().mean()), Metric.FIRST_DIVERGENCE: float(first)}

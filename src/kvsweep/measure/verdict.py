@@ -30,7 +30,7 @@ class HostEvidence:
         if not self.known:
             return {}
         other, steal = pooled([r for r in self.readings if r is not None])
-        return {"host_other_cpu_share": other, Metric.HOST_STEAL_SHARE: steal}
+        return {Metric.HOST_OTHER_CPU_SHARE: other, Metric.HOST_STEAL_SHARE: steal}
 
     def verdict(self) -> tuple[str, str]:
         """Contended when a kept call, or the kept calls together, lost more than the limit beyond what the
