@@ -12,10 +12,11 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 
 from kvsweep.caches import get_strategy
 from kvsweep.cell.run import run_cell
+from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.cache_identity import describe_cache, mismatch
 from kvsweep.models.presets import PRESETS
 
-PROTO = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cpu", "threads": 1}
+PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

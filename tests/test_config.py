@@ -24,14 +24,14 @@ BAD_CONFIGS = [
     (["grid.caches=[dynamic@64]"], "unknown cache 'dynamic@64'", "static@N"),
     (["grid.caches=[]"], "grid.caches is empty", ""),
     (["grid.dtypes=[float8]"], "grid.dtypes[0]: unknown dtype 'float8'", "bfloat16"),
-    (["grid.context_lengths=[0]"], "grid.context_lengths[0] must be a positive integer", ""),
-    (["grid.batch_sizes=[-2]"], "grid.batch_sizes[0] must be a positive integer", ""),
-    (["grid.max_new_tokens=[0]"], "grid.max_new_tokens[0]", "positive"),
+    (["grid.context_lengths=[0]"], "grid.context_lengths[0] must be >= 1", "got 0"),
+    (["grid.batch_sizes=[-2]"], "grid.batch_sizes[0] must be >= 1", "got -2"),
+    (["grid.max_new_tokens=[0]"], "grid.max_new_tokens[0]", ">= 1"),
     (["grid.compile=[maybe]"], "grid.compile[0]", "bool"),
     (["device=tpu"], "device: unknown device 'tpu'", "cuda"),
     (["measure.repeats=0"], "measure.repeats must be >= 1", ""),
     (["ray.max_retries=-1"], "ray.max_retries must be >= 0", ""),
-    (["ray.cell_timeout_s=0"], "ray.cell_timeout_s must be positive", ""),
+    (["ray.cell_timeout_s=0"], "ray.cell_timeout_s must be > 0", ""),
     (["+sweep=nope"], "unknown sweep", "long_context"),
     (["grid.models=[' ']"], "grid.models[0] is empty", ""),
     (["measure.warmup=-1"], "measure.warmup must be >= 0", ""),
@@ -52,9 +52,14 @@ BAD_CONFIGS = [
     (["measure.max_discarded=-1"], "measure.max_discarded must be >= 0", ""),
     (["measure.target_rel_ci=-0.05"], "measure.target_rel_ci must be >= 0", ""),
     (["measure.min_duration_s=5", "measure.max_duration_s=2"], "measure.max_duration_s (2.0) is below", "0 (no cap)"),
+    (["planner.host_link_gbps=0", "device=cuda", "dry_run=true"], "planner.host_link_gbps must be > 0", ""),
+    (["planner.host_memory_gb=-8"], "planner.host_memory_gb must be >= 0", ""),
+    (["ray.prestart=-1"], "ray.prestart must be >= 0", ""),
+    (["grid.caches=[static@512]"], "grid.caches[0]: static@512 reserves 512 tokens", "static@1055"),
+    (["measure=nope"], "measure=nope: unknown measure preset", "thorough"),
     (["report.rank_by=speed"], "report.rank_by: unknown metric 'speed'", "tpot_ms"),
     (["report.max_slowdown=-0.1"], "report.max_slowdown must be >= 0", ""),
-    (["report.min_token_agreement=1.5"], "report.min_token_agreement must be between 0 and 1", ""),
+    (["report.min_token_agreement=1.5"], "report.min_token_agreement must be in [0, 1]", ""),
     (["+testing.faults=[{fault: oom, during: later}]"], "testing.faults[0].during: unknown phase 'later'", "quality"),
     (["+testing.faults=[{fault: meltdown}]"], "testing.faults[0].fault: unknown fault 'meltdown'", "hang"),
     # Hydra users' habits: multirun is refused (the grid is the sweep), unknown flags named
@@ -110,12 +115,12 @@ def test_overrides_change_axes_and_reserved_static():
         [
             "+sweep=long_context",
             "grid.context_lengths=[8192,32768]",
-            "grid.caches=[dynamic,static@8192]",
+            "grid.caches=[dynamic,static@65536]",
             "ray.address=auto",
         ]
     ).config
     assert cfg.grid.context_lengths == [8192, 32768]
-    assert cfg.grid.caches == ["dynamic", "static@8192"]
+    assert cfg.grid.caches == ["dynamic", "static@65536"]
     assert cfg.ray.address == "auto"
 
 
@@ -131,10 +136,12 @@ def test_help_lists_every_key_with_the_value_a_run_uses(capsys):
     out = capsys.readouterr().out
     for key in ("grid.context_lengths", "measure.repeats", "ray.cell_timeout_s", "mlflow.tracking_uri"):
         assert key in out
-    # What `python -m kvsweep` runs with: the quickstart sweep file over the measure preset over the schema.
+    # What `python -m kvsweep` runs with: the preset the quickstart sweep file selects, over the schema.
     quickstart = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    (preset,) = [entry["override /measure"] for entry in quickstart["defaults"]]
+    chosen = yaml.safe_load((ROOT / "conf" / "measure" / f"{preset}.yaml").read_text())
     repeats = next(line for line in out.splitlines() if line.split()[:1] == ["measure.repeats"])
-    assert repeats.endswith(f"(default {quickstart['measure']['repeats']})"), repeats
+    assert repeats.endswith(f"(default {chosen['repeats']})"), repeats
     assert "testing" not in out  # test seams are not part of what users configure
 
 

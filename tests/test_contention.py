@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from kvsweep.cell.run import run_cell
+from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 
@@ -91,11 +92,7 @@ CELL = {
     "compile": False,
 }
 GUARDED = {
-    "warmup": 1,
-    "repeats": 3,
-    "seed": 0,
-    "device": "cpu",
-    "threads": 0,
+    **MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=0).to_dict(),
     "max_host_contention": 0.10,
     "max_discarded": 3,
 }

@@ -13,13 +13,13 @@ from conftest import free_port
 from kvsweep.driver.oom_inference import OomPruner
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
-from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.results import OK, OOM, TIMEOUT, CellResult
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import Journal, SweepHeader
 from kvsweep.tracking.sink import MlflowSink
 
-PROTOCOL = Protocol(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
+PROTOCOL = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
 STAND_IN = {"runner": "kvsweep.testing.stand_ins:sleep_cell"}
 
 

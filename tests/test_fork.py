@@ -105,10 +105,12 @@ def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
     import pickletools
 
     from kvsweep.cell.run import run_cell
-    from kvsweep.grid import Cell, Protocol
+    from kvsweep.grid import Cell, MeasureProtocol
 
     cell = Cell("tiny-llama", "float32", 64, 1, 4, "static", False)
-    result = run_cell(cell.to_dict(), Protocol(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict())
+    result = run_cell(
+        cell.to_dict(), MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
+    )
     assert result["status"] == "ok", result["error"]
     ops = {op.name for op, _, _ in pickletools.genops(pickle.dumps(result))}
     assert not ops & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "REDUCE"}, ops

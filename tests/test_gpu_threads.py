@@ -15,6 +15,7 @@ from kvsweep.cell.run import run_cell
 from kvsweep.cell.threads import Threads, resolve_threads
 from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
+from kvsweep.grid import MeasureProtocol
 
 H100_NODE = {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 2 CPUs per GPU
 BIG_NODE = {"CPU": 192.0, "GPU": 8.0}  # 24 CPUs per GPU
@@ -99,7 +100,7 @@ def test_the_cell_sets_and_records_the_threads_of_a_cuda_cell():
         "cache": "dynamic",
         "compile": False,
     }
-    protocol = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cuda", "threads": 0}
+    protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cuda", threads=0).to_dict()
     before = torch.get_num_threads()
     try:
         result = run_cell(cell, protocol, cpus_per_cell=1)

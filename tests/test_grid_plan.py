@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvsweep.grid import Cell, Protocol, cell_id, expand_grid
+from kvsweep.grid import Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.resolve import classify, kv_shape, load_config
 from kvsweep.plan.cell_plan import plan_cell
@@ -16,7 +16,7 @@ GRID = {
     "caches": ["dynamic", "static"],
     "compile": [False, True],
 }
-PROTO = Protocol(warmup=1, repeats=3, seed=0, device="cpu", threads=1)
+PROTO = MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=1)
 
 
 def tiny_shape():
@@ -41,7 +41,7 @@ def test_cell_id_is_stable_and_depends_on_settings_and_protocol():
     cell = Cell("tiny-llama", "float32", 256, 1, 16, "dynamic", False)
     assert cell_id(cell, PROTO) == cell_id(Cell(**cell.to_dict()), PROTO)
     assert cell_id(cell, PROTO) != cell_id(Cell(**{**cell.to_dict(), "cache": "static"}), PROTO)
-    assert cell_id(cell, PROTO) != cell_id(cell, Protocol(1, 5, 0, "cpu", 1))
+    assert cell_id(cell, PROTO) != cell_id(cell, MeasureProtocol.exact(1, 5, 0, "cpu", 1))
 
 
 def test_plan_reasons():

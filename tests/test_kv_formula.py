@@ -8,12 +8,12 @@ import pytest
 
 from kvsweep.caches import cache_names, get_strategy
 from kvsweep.cell.run import run_cell
-from kvsweep.grid import Cell
+from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.resolve import classify, kv_shape, load_config
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.memory import estimate_peak
 
-PROTO = {"warmup": 0, "repeats": 1, "seed": 0, "device": "cpu", "threads": 1}
+PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
 CPU_CACHES = [n for n in cache_names() if not get_strategy(n).requires.cuda] + ["static@300"]
 # (context, new tokens, batch, dtype)

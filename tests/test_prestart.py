@@ -46,13 +46,13 @@ import json, threading, time
 import ray
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
-from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 
 ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
          object_store_memory=80 * 1024 * 1024, logging_level="ERROR")
 
 def sweep(device, gpus, testing, cells=2):
-    protocol = Protocol(warmup=0, repeats=1, seed=0, device=device, threads=0)
+    protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device=device, threads=0)
     jobs = [Job(cell_id(c, protocol), c) for c in
             [Cell("tiny-llama", "float32", 64 * (i + 1), 1, 4, "dynamic", False) for i in range(cells)]]
     limits = Limits(CellNeeds(gpus=gpus, cpus=0), max_concurrent=1, cell_timeout_s=120, max_retries=0, prestart=1)

@@ -8,9 +8,10 @@ import pytest
 
 from kvsweep.caches import cache_names, get_strategy
 from kvsweep.cell.run import run_cell
+from kvsweep.grid import MeasureProtocol
 from kvsweep.models.resolve import classify, kv_shape, load_config
 
-PROTO = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
+PROTO = MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
 
 

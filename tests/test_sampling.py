@@ -5,6 +5,7 @@ the meter), so each rule is checked against a count worked out by hand.
 """
 
 import itertools
+import math
 
 import pytest
 
@@ -45,10 +46,16 @@ def no_sleep(_seconds):
     pass
 
 
+def rules_with(**given):
+    """The phase's rules as given, every other one off (no time floor, cap, guard, target or time cap)."""
+    off = {"min_duration_s": 0.0, "repeat_cap": 0, "max_contention": math.inf, "max_discarded": 0}
+    return SamplingRules(**{**off, "target_rel_ci": 0.0, "max_duration_s": 0.0, **given})
+
+
 def test_contended_calls_are_re_run_until_the_budget_is_spent_then_kept():
     call, times_of = calls(itertools.repeat(10.0))
     readings = [BUSY, QUIET, BUSY, BUSY, BUSY, BUSY, QUIET]
-    rules = SamplingRules(repeats=4, max_contention=0.1, max_discarded=3)
+    rules = rules_with(repeats=4, max_contention=0.1, max_discarded=3)
     phase = measure_phase(call, times_of, rules, ScriptedMeter(readings), no_sleep)
     # call 0 busy -> discarded (1); 1 quiet -> kept; 2, 3 busy -> discarded (2, 3);
     # budget spent: 4 and 5 kept although busy; 6 kept: four kept calls.
@@ -59,14 +66,14 @@ def test_contended_calls_are_re_run_until_the_budget_is_spent_then_kept():
 
 def test_an_unreadable_host_discards_nothing():
     call, times_of = calls(itertools.repeat(10.0))
-    rules = SamplingRules(repeats=3, max_contention=0.1, max_discarded=5)
+    rules = rules_with(repeats=3, max_contention=0.1, max_discarded=5)
     phase = measure_phase(call, times_of, rules, ScriptedMeter(itertools.repeat(None)), no_sleep)
     assert len(phase.kept) == 3 and not phase.discarded
 
 
 def test_a_precision_target_stops_as_soon_as_the_intervals_are_narrow_enough():
     call, times_of = calls(itertools.repeat(10.0))  # no noise at all
-    rules = SamplingRules(repeats=3, repeat_cap=50, target_rel_ci=0.01)
+    rules = rules_with(repeats=3, repeat_cap=50, target_rel_ci=0.01)
     phase = measure_phase(call, times_of, rules, ScriptedMeter(itertools.repeat(QUIET)), no_sleep)
     assert len(phase.kept) == 6  # the fewest samples with a true 95% interval of the median
     assert phase.target_met is True
@@ -74,7 +81,7 @@ def test_a_precision_target_stops_as_soon_as_the_intervals_are_narrow_enough():
 
 def test_a_noisy_cell_runs_to_the_cap_and_says_it_missed_the_target():
     call, times_of = calls(itertools.cycle([10.0, 20.0]))
-    rules = SamplingRules(repeats=3, repeat_cap=12, target_rel_ci=0.01)
+    rules = rules_with(repeats=3, repeat_cap=12, target_rel_ci=0.01)
     phase = measure_phase(call, times_of, rules, ScriptedMeter(itertools.repeat(QUIET)), no_sleep)
     assert len(phase.kept) == 12
     assert phase.target_met is False
@@ -82,7 +89,7 @@ def test_a_noisy_cell_runs_to_the_cap_and_says_it_missed_the_target():
 
 def test_without_a_target_the_count_and_the_time_floor_decide():
     call, times_of = calls(itertools.repeat(100.0))  # 103 ms per call
-    rules = SamplingRules(repeats=3, min_duration_s=1.0, repeat_cap=30)
+    rules = rules_with(repeats=3, min_duration_s=1.0, repeat_cap=30)
     phase = measure_phase(call, times_of, rules, ScriptedMeter(itertools.repeat(QUIET)), no_sleep)
     assert len(phase.kept) == 10  # ceil(1.0 s / 0.103 s)
     assert phase.target_met is None
@@ -91,6 +98,6 @@ def test_without_a_target_the_count_and_the_time_floor_decide():
 def test_the_pause_doubles_while_calls_stay_contended_so_a_burst_can_pass():
     call, times_of = calls(itertools.repeat(200.0))  # 203 ms calls
     pauses = []
-    rules = SamplingRules(repeats=1, max_contention=0.1, max_discarded=6)
+    rules = rules_with(repeats=1, max_contention=0.1, max_discarded=6)
     measure_phase(call, times_of, rules, ScriptedMeter([BUSY] * 6 + [QUIET]), pauses.append)
     assert pauses == pytest.approx([0.203, 0.406, 0.812, 1.0, 1.0, 1.0])

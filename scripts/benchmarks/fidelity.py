@@ -9,7 +9,6 @@ and without kvsweep's `TokenClock` attached, to show the hook itself costs nothi
 """
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median, ratio
 from kvsweep.cell.run import make_inputs, run_cell
-from kvsweep.grid import Protocol
+from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.timing import TokenClock
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
@@ -49,12 +48,8 @@ class Stamps(LogitsProcessor):
 
 
 def protocol(warmup: int, repeats: int, dev: str, threads: int) -> dict[str, Any]:
-    """Protocol dict for `run_cell`; fields added to Protocol later keep their defaults."""
-    data = {"warmup": warmup, "repeats": repeats, "seed": SEED, "device": dev, "threads": threads}
-    names = {f.name for f in dataclasses.fields(Protocol)}
-    if "min_duration_s" in names:
-        data["min_duration_s"] = 0.0  # exactly `repeats` runs, like the bare side
-    return {k: v for k, v in data.items() if k in names}
+    """The protocol for `run_cell`: exactly `repeats` runs, like the bare side (no time floor, guard or target)."""
+    return MeasureProtocol.exact(warmup, repeats, SEED, dev, threads).to_dict()
 
 
 def generate_kwargs(cache: str) -> dict[str, Any]:

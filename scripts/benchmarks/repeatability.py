@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, Section, device, fmt, markdown_table, median
+from benchmarks.common import Section, device, fmt, markdown_table, median
 from kvsweep.cell.run import run_cell
-from kvsweep.grid import Cell, Protocol, expand_grid
+from kvsweep.config.compose import compose_config
+from kvsweep.grid import Cell, MeasureProtocol, expand_grid
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 
 TITLE = "Repeatability: the quickstart grid measured three times"
@@ -38,21 +38,18 @@ METRICS = ("ttft", "tpot")
 
 
 def protocol(warmup: int, repeats: int, dev: str) -> dict[str, Any]:
-    """Protocol dict for `run_cell`: exactly `repeats` runs, whatever fields Protocol gains later."""
-    data = {"warmup": warmup, "repeats": repeats, "seed": 0, "device": dev, "threads": THREADS}
-    names = {f.name for f in dataclasses.fields(Protocol)}
-    data.update({k: v for k, v in {"min_duration_s": 0.0, "max_repeats": repeats}.items() if k in names})
-    return {k: v for k, v in data.items() if k in names}
+    """The protocol for `run_cell`: exactly `repeats` runs (no time floor, guard or target)."""
+    return MeasureProtocol.exact(warmup, repeats, 0, dev, THREADS).to_dict()
 
 
 def quickstart_cells(dev: str, quick: bool) -> tuple[list[Cell], int, int]:
-    """The runnable cells of sweeps/quickstart.yaml here (offloaded needs CUDA), and its warmup/repeats."""
-    sweep = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
-    grid = dict(sweep["grid"])
+    """The runnable cells of the quickstart sweep here (offloaded needs CUDA), and its warmup/repeats."""
+    composed = compose_config(["+sweep=quickstart"]).config
+    grid = dataclasses.asdict(composed.grid)
     if quick:  # one dtype and context: a smoke run
         grid.update(dtypes=grid["dtypes"][:1], context_lengths=grid["context_lengths"][:1])
     cells = [c for c in expand_grid(grid) if skip_reason(c, dev, None, package_installed) is None]
-    return cells, int(sweep["measure"]["warmup"]), int(sweep["measure"]["repeats"])
+    return cells, composed.measure.warmup, composed.measure.repeats
 
 
 def measure(cell: Cell, warmup: int, repeats: int, dev: str) -> dict[str, Any]:

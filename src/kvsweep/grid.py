@@ -37,21 +37,40 @@ class Cell:
         return self.context_length + self.max_new_tokens - 1
 
 
+# The protocol's fields added after cell ids were first published, at the values that meant "off" before
+# they existed: no time floor, no cap, no contention guard, no precision target. A cell id leaves a field
+# out at this value, so the ids of cells measured before it existed stay valid; `MeasureProtocol.exact`
+# turns them all off. Not defaults: a sweep's protocol is built from its `measure` config, every field given.
+RULES_OFF: dict[str, Any] = {
+    "min_duration_s": 0.0,
+    "max_repeats": 0,
+    "max_host_contention": 1.0,
+    "max_discarded": 0,
+    "target_rel_ci": 0.0,
+    "max_duration_s": 0.0,
+}
+
+
 @dataclass(frozen=True)
-class Protocol:
-    """How every cell of a sweep is measured; part of each cell's identity."""
+class MeasureProtocol:
+    """How every cell of a sweep is measured (its `measure` config, on one device); part of each cell's id."""
 
     warmup: int
     repeats: int  # at least this many measured runs...
     seed: int
     device: str
     threads: int
-    min_duration_s: float = 0.0  # ...and at least this much measured time (fast cells get more runs)
-    max_repeats: int = 0  # at most this many measured runs when min_duration_s asks for more; 0 = repeats
-    max_host_contention: float = 1.0  # share of the cell's CPUs others may take in a kept call; 1 = off
-    max_discarded: int = 0  # contended calls re-run per cell
-    target_rel_ci: float = 0.0  # keep measuring until each 95% interval is within +-this of its median; 0 = off
-    max_duration_s: float = 0.0  # time cap on the measured phase; 0 = none
+    min_duration_s: float  # ...and at least this much measured time (fast cells get more runs)
+    max_repeats: int  # at most this many measured runs when min_duration_s asks for more; 0 = repeats
+    max_host_contention: float  # share of the cell's CPUs others may take in a kept call; 1 = off
+    max_discarded: int  # contended calls re-run per cell
+    target_rel_ci: float  # keep measuring until each 95% interval is within +-this of its median; 0 = off
+    max_duration_s: float  # time cap on the measured phase; 0 = none
+
+    @classmethod
+    def exact(cls, warmup: int, repeats: int, seed: int, device: str, threads: int) -> "MeasureProtocol":
+        """Exactly `repeats` measured runs after `warmup`, every later rule off (`RULES_OFF`)."""
+        return cls(warmup=warmup, repeats=repeats, seed=seed, device=device, threads=threads, **RULES_OFF)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,16 +80,8 @@ class Protocol:
         return max(self.repeats, self.max_repeats)
 
     def identity(self) -> dict[str, Any]:
-        """What a cell id hashes: fields at their default are left out, so older cell ids stay valid."""
-        defaults = {
-            "min_duration_s": 0.0,
-            "max_repeats": 0,
-            "max_host_contention": 1.0,
-            "max_discarded": 0,
-            "target_rel_ci": 0.0,
-            "max_duration_s": 0.0,
-        }
-        return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
+        """What a cell id hashes: every field, less those at their `RULES_OFF` value (older ids stay valid)."""
+        return {k: v for k, v in asdict(self).items() if k not in RULES_OFF or v != RULES_OFF[k]}
 
 
 def strategy_label(cell: Cell) -> str:
@@ -87,7 +98,7 @@ def cell_label(cell: Cell, model_name: str = "") -> str:
     return f"{strategy_label(cell)} ctx{cell.context_length} bs{cell.batch_size} {cell.dtype} {model}"
 
 
-def cell_id(cell: Cell, protocol: Protocol) -> str:
+def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag)."""
     payload = json.dumps({"cell": cell.to_dict(), "protocol": protocol.identity()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -20,7 +20,7 @@ from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_in
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
-from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.compile_events import compile_events
 from kvsweep.measure.contention import CallContention, HostMeter
@@ -59,7 +59,7 @@ def run_cell(
     """
     for strategy in strategies or []:
         register(strategy)
-    cell, protocol = Cell(**cell_data), Protocol(**protocol_data)
+    cell, protocol = Cell(**cell_data), MeasureProtocol(**protocol_data)
     allowed_cpus = len(os.sched_getaffinity(0))
     threads = resolve_threads(
         protocol.device, protocol.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
@@ -79,7 +79,7 @@ def run_cell(
     return result.to_dict()
 
 
-def sampling_rules(protocol: Protocol, niceness: int) -> SamplingRules:
+def sampling_rules(protocol: MeasureProtocol, niceness: int) -> SamplingRules:
     """The protocol's rules for this process; a niced process yields to anyone, so it tolerates no one."""
     return SamplingRules(
         repeats=protocol.repeats,
@@ -102,7 +102,7 @@ def _fail(result: CellResult, status: str, exc: BaseException) -> None:
 
 def _measure(
     cell: Cell,
-    protocol: Protocol,
+    protocol: MeasureProtocol,
     faults: list[dict[str, Any]],
     trust_remote_code: bool,
     wait_idle_gpu_s: float,
@@ -199,7 +199,7 @@ def _record_noise(
 
 
 def _load(
-    cell: Cell, protocol: Protocol, trust_remote_code: bool, result: CellResult, on_phase: Callable[[str], None]
+    cell: Cell, protocol: MeasureProtocol, trust_remote_code: bool, result: CellResult, on_phase: Callable[[str], None]
 ) -> tuple[Any, KvShape] | None:
     """The cell's model on its device, or None when the cell turns out to be skipped (result says why)."""
     device = protocol.device

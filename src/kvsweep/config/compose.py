@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvsweep.config.locations import conf_dir, sweep_dirs
@@ -28,10 +28,17 @@ from kvsweep.testing.seams import Seams, seams_from
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"
+MEASURE_GROUP = "measure"  # the config group of measure presets (conf/measure/)
 
 
 def register_sweeps() -> list[str]:
-    """Every `*.yaml` in the sweep folders becomes option `sweep=<stem>` (bundled first; user folders win)."""
+    """Every `*.yaml` in the sweep folders becomes option `sweep=<stem>` (bundled first; user folders win).
+
+    A sweep selects its measure preset in its own defaults list (`- override /measure: brief`), so a
+    preset named on the command line (`measure=thorough`) replaces it: Hydra lets a command-line
+    choice win over any config's `override`. Keys a sweep sets under `measure:` itself become a preset
+    of their own over the one it selects (see `_measure_keys_as_preset`), so they give way the same way.
+    """
     store = ConfigStore.instance()
     names = []
     for folder in sweep_dirs():
@@ -42,9 +49,29 @@ def register_sweeps() -> list[str]:
                 node = OmegaConf.load(path)
             except Exception as exc:
                 raise ConfigError(f"sweep file {path} is not valid YAML: {first_line(exc)}") from None
+            if isinstance(node, DictConfig) and MEASURE_GROUP in node:
+                node = _measure_keys_as_preset(node, path.stem, store)
             store.store(group="sweep", name=path.stem, node=node, package="_global_")
             names.append(path.stem)
     return names
+
+
+def _measure_keys_as_preset(sweep: DictConfig, stem: str, store: ConfigStore) -> DictConfig:
+    """`measure:` keys in a sweep file, moved into preset `sweep_<stem>` that extends the one the sweep
+    selects (else `default`); the sweep then selects that preset. Left in the sweep's body they would
+    be merged after any preset, the command line's included, and `measure=NAME` would lose to them."""
+    selects = f"override /{MEASURE_GROUP}"
+    chosen, defaults = "default", []
+    for entry in sweep.get("defaults", []):
+        if isinstance(entry, DictConfig) and selects in entry:
+            chosen = str(entry[selects])
+        else:
+            defaults.append(entry)
+    preset = f"sweep_{stem}"
+    body = OmegaConf.to_container(sweep[MEASURE_GROUP])
+    store.store(group=MEASURE_GROUP, name=preset, node=OmegaConf.create({"defaults": [chosen, "_self_"], **body}))
+    rest = {k: v for k, v in OmegaConf.to_container(sweep).items() if k not in ("defaults", MEASURE_GROUP)}
+    return OmegaConf.create({"defaults": [*defaults, {selects: preset}], **rest})
 
 
 def with_default_sweep(overrides: list[str]) -> list[str]:
@@ -105,8 +132,15 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
             f"{key}={value} is Hydra's multirun sweep syntax; kvsweep's grid takes a list instead: "
             f"'{key}=[{value}]' (one run measures every combination)"
         )
-    if "sweep" in text and ("Could not find" in text or "Could not load" in text):
+    missing = re.search(r"Could not (?:find|load) '(\w+)/([^']+)'", text)
+    if missing and missing.group(1) == "sweep":
         return f"unknown sweep; available: {', '.join(sorted(set(sweeps)))}"
+    if missing:  # an option of a config group, e.g. measure=NAME
+        group, name = missing.groups()
+        listed = re.search(rf"Available options in '{group}':\n((?:\t.*\n?)*)", text)
+        options = ", ".join(line.strip() for line in listed.group(1).splitlines()) if listed else "?"
+        what = "measure preset" if group == MEASURE_GROUP else f"{group} option"
+        return f"{group}={name}: unknown {what}; available: {options}"
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__ or cause.__context__

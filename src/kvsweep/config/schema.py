@@ -1,7 +1,10 @@
-"""The structured config schema: every key a user can set, with its type, default and help.
+"""The structured config schema: every key a user can set, with its type, default, help and bounds.
 
-Registered in Hydra's ConfigStore so composition rejects unknown keys and wrong types; value checks
-(allowed names, ranges) live in `validate.py`.
+This is the one place a default lives: the measure presets in conf/measure/ state only how they
+differ from it. Registered in Hydra's ConfigStore so composition rejects unknown keys and wrong
+types; each numeric key carries its `Bound` beside its help, and `validate.py` checks every bound
+it finds here (plus the checks a single field cannot express: allowed names, one key against
+another).
 """
 
 from dataclasses import dataclass, field
@@ -12,60 +15,102 @@ from hydra.core.config_store import ConfigStore
 from kvsweep.names import Metric
 
 
-def _help(default: Any, text: str, **kw: Any) -> Any:
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric key accepts (each item of a list or map key): `low <= value <= high`."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False  # `low < value` instead
+    meaning: str = ""  # what the range stands for, said in the error
+
+    def allows(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        if self.high is None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        return f"{text} ({self.meaning})" if self.meaning else text
+
+
+AT_LEAST_0 = Bound(0)
+AT_LEAST_1 = Bound(1)
+POSITIVE = Bound(0, low_open=True)
+SHARE = Bound(0, 1)
+
+
+def _help(default: Any, text: str, bound: Bound | None = None) -> Any:
+    metadata = {"help": text} if bound is None else {"help": text, "bound": bound}
     if callable(default):
-        return field(default_factory=default, metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text}, **kw)
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class GridConfig:
     models: list[str] = _help(lambda: ["tiny-llama"], "model references: preset name, local path or Hub id")
     dtypes: list[str] = _help(lambda: ["float32"], "float32, float16, bfloat16")
-    context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens")
-    batch_sizes: list[int] = _help(lambda: [1], "batch sizes")
-    max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)")
-    caches: list[str] = _help(lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens")
+    context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens", AT_LEAST_1)
+    batch_sizes: list[int] = _help(lambda: [1], "batch sizes", AT_LEAST_1)
+    max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)", AT_LEAST_1)
+    caches: list[str] = _help(
+        lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens (at least the request's)"
+    )
     compile: list[bool] = _help(lambda: [False], "compile the forward (static strategies only)")
 
 
 @dataclass
 class MeasureConfig:
-    warmup: int = _help(1, "uncounted runs after the cold first call")
-    repeats: int = _help(3, "measured runs behind each median (at least)")
-    min_duration_s: float = _help(2.0, "keep measuring until the measured runs add up to this many seconds")
-    max_repeats: int = _help(30, "cap on measured runs when min_duration_s or target_rel_ci asks for more; 0 = repeats")
-    seed: int = _help(0, "seed for random weights and input ids")
+    """The `default` measure preset: one warmup, at least five runs and 2 s of them (at most 30)."""
+
+    warmup: int = _help(1, "uncounted runs after the cold first call", AT_LEAST_0)
+    repeats: int = _help(5, "measured runs behind each median (at least)", AT_LEAST_1)
+    min_duration_s: float = _help(2.0, "keep measuring until the measured runs add up to this many seconds", AT_LEAST_0)
+    max_repeats: int = _help(
+        30, "cap on measured runs when min_duration_s or target_rel_ci asks for more; 0 = repeats", AT_LEAST_0
+    )
+    seed: int = _help(0, "seed for random weights and input ids", AT_LEAST_0)
     threads: int = _help(
-        0, "torch intra-op threads in a cell; 0 = auto: a CPU cell every core it may use, a CUDA cell ray.cpus_per_cell"
+        0,
+        "torch intra-op threads in a cell; 0 = auto: a CPU cell every core it may use, a CUDA cell ray.cpus_per_cell",
+        AT_LEAST_0,
     )
-    wait_for_idle_gpu_s: float = _help(0.0, "wait up to this long for other processes to leave the cell's GPU")
+    wait_for_idle_gpu_s: float = _help(
+        0.0, "wait up to this long for other processes to leave the cell's GPU", AT_LEAST_0
+    )
     max_host_contention: float = _help(
-        0.05, "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)"
+        0.05,
+        "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)",
+        Bound(0, 1, low_open=True, meaning="a share of the cell's CPUs; 1 = off"),
     )
-    max_discarded: int = _help(8, "contended calls re-run per cell before its numbers are kept and tagged")
+    max_discarded: int = _help(8, "contended calls re-run per cell before its numbers are kept and tagged", AT_LEAST_0)
     target_rel_ci: float = _help(
-        0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)"
+        0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)", AT_LEAST_0
     )
-    max_duration_s: float = _help(60.0, "time cap on a cell's measured phase, re-runs included (0 = none)")
+    max_duration_s: float = _help(60.0, "time cap on a cell's measured phase, re-runs included (0 = none)", AT_LEAST_0)
 
 
 @dataclass
 class RayConfig:
     address: str = _help("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
-    gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA")
+    gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA", AT_LEAST_1)
     cpus_per_cell: int = _help(
-        0, "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA the node's CPUs per GPU x gpus_per_cell (max 8)"
+        0,
+        "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA the node's CPUs per GPU x gpus_per_cell (max 8)",
+        AT_LEAST_0,
     )
-    max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)")
-    cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds")
-    max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor")
-    prestart: int = _help(1, "spare cell actors started ahead of need (CPU cells only); 0 = off")
+    max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)", AT_LEAST_0)
+    cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds", POSITIVE)
+    max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor", AT_LEAST_0)
+    prestart: int = _help(1, "spare cell actors started ahead of need (CPU cells only); 0 = off", AT_LEAST_0)
     fork_cells: bool = _help(
         True, "measure each cell in a fresh process forked from a warm per-node template (false: import per cell)"
     )
     accelerator_type: str = _help("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
-    resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}")
+    resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}", AT_LEAST_0)
 
 
 @dataclass
@@ -76,17 +121,25 @@ class MlflowConfig:
 
 @dataclass
 class PlannerConfig:
-    device_memory_gb: float = _help(0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any")
+    device_memory_gb: float = _help(
+        0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any", AT_LEAST_0
+    )
     skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
-    host_memory_gb: float = _help(0.0, "host memory of a GPU node, for offloaded caches; 0 = this machine's")
-    host_link_gbps: float = _help(25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)")
+    host_memory_gb: float = _help(
+        0.0, "host memory of a GPU node, for offloaded caches; 0 = this machine's", AT_LEAST_0
+    )
+    host_link_gbps: float = _help(
+        25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)", POSITIVE
+    )
 
 
 @dataclass
 class ReportConfig:
     rank_by: str = _help(Metric.TPOT_MS, "what 'fastest' means in the selection table: tpot_ms, ttft_ms or e2e_ms")
-    max_slowdown: float = _help(0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)")
-    min_token_agreement: float = _help(0.9, "flag caches whose tokens agree with dynamic less than this (0-1)")
+    max_slowdown: float = _help(
+        0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)", AT_LEAST_0
+    )
+    min_token_agreement: float = _help(0.9, "flag caches whose tokens agree with dynamic less than this (0-1)", SHARE)
 
 
 @dataclass

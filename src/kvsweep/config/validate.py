@@ -1,8 +1,14 @@
-"""Value checks the schema's types cannot express; each failure is one line naming the key."""
+"""Value checks the schema's types cannot express; each failure is one line naming the key.
 
+Every numeric key's range is its `Bound` in the schema, read from there; what is left here are
+allowed names and the checks that compare one key with another.
+"""
+
+import dataclasses
 from typing import Any
 
 from kvsweep.caches import allowed_cache_names, get_strategy
+from kvsweep.config.schema import Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
 from kvsweep.names import Metric
@@ -24,47 +30,60 @@ def validate(cfg: dict[str, Any]) -> None:
     for i, dtype in enumerate(grid["dtypes"]):
         if dtype not in DTYPES:
             raise ConfigError(f"grid.dtypes[{i}]: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
-    for key in ("context_lengths", "batch_sizes", "max_new_tokens"):
-        for i, value in enumerate(grid[key]):
-            if value <= 0:
-                raise ConfigError(f"grid.{key}[{i}] must be a positive integer, got {value}")
     for i, model in enumerate(grid["models"]):
         if not str(model).strip():
             raise ConfigError(f"grid.models[{i}] is empty; give a preset name, a local path or a Hub id")
+    check_bounds(cfg)
+    _validate_reserves(grid)
     if cfg["device"] not in DEVICES:
         raise ConfigError(f"device: unknown device {cfg['device']!r}; allowed: {', '.join(DEVICES)}")
     _validate_measure(cfg["measure"])
-    report = cfg["report"]
-    if report["rank_by"] not in RANK_BY:
-        raise ConfigError(f"report.rank_by: unknown metric {report['rank_by']!r}; allowed: {', '.join(RANK_BY)}")
-    if report["max_slowdown"] < 0:
-        raise ConfigError(f"report.max_slowdown must be >= 0 (0.10 = 10%), got {report['max_slowdown']}")
-    if not 0 <= report["min_token_agreement"] <= 1:
-        raise ConfigError(f"report.min_token_agreement must be between 0 and 1, got {report['min_token_agreement']}")
-    ray = cfg["ray"]
-    _at_least("ray.gpus_per_cell", ray["gpus_per_cell"], 1)
-    _at_least("ray.cpus_per_cell", ray["cpus_per_cell"], 0)  # 0 = auto
-    _at_least("ray.max_concurrent", ray["max_concurrent"], 0)
-    _at_least("ray.max_retries", ray["max_retries"], 0)
-    if ray["cell_timeout_s"] <= 0:
-        raise ConfigError(f"ray.cell_timeout_s must be positive, got {ray['cell_timeout_s']}")
+    if cfg["report"]["rank_by"] not in RANK_BY:
+        rank_by = cfg["report"]["rank_by"]
+        raise ConfigError(f"report.rank_by: unknown metric {rank_by!r}; allowed: {', '.join(RANK_BY)}")
     if not cfg["mlflow"]["experiment"].strip():
         raise ConfigError("mlflow.experiment is empty; give an experiment name")
 
 
-def _at_least(key: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise ConfigError(f"{key} must be >= {minimum}, got {value}")
+def check_bounds(values: dict[str, Any], node: type = KvSweepConfig, prefix: str = "") -> None:
+    """Every field of the schema that carries a `Bound`: its value, or each item of a list or map."""
+    for f in dataclasses.fields(node):  # type: ignore[arg-type]
+        key, value = f"{prefix}{f.name}", values[f.name]
+        if dataclasses.is_dataclass(f.default_factory):
+            check_bounds(value, f.default_factory, f"{key}.")  # type: ignore[arg-type]
+            continue
+        bound: Bound | None = f.metadata.get("bound")
+        if bound is None:
+            continue
+        for where, item in _items(key, value):
+            if not bound.allows(item):
+                raise ConfigError(f"{where} must be {bound.describe()}, got {item}")
+
+
+def _items(key: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, list):
+        return [(f"{key}[{i}]", item) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return [(f"{key}.{name}", item) for name, item in value.items()]
+    return [(key, value)]
+
+
+def _validate_reserves(grid: dict[str, Any]) -> None:
+    """`static@N` must hold the longest request: Transformers would silently size a smaller one to the
+    request (its `max_cache_len` is a floor), so the cell would be a plain static one under another name."""
+    context, new = max(grid["context_lengths"]), max(grid["max_new_tokens"])
+    needed = context + new - 1  # what the cache holds after generation: the last token's K/V is never computed
+    for i, name in enumerate(grid["caches"]):
+        strategy = get_strategy(name)
+        if strategy.reserve_tokens is not None and strategy.reserve_tokens < needed:
+            raise ConfigError(
+                f"grid.caches[{i}]: {name} reserves {strategy.reserve_tokens} tokens but the longest request "
+                f"(context {context} + {new} new tokens) needs {needed}; "
+                f"use {strategy.base_name}@{needed} or more, or shorter requests"
+            )
 
 
 def _validate_measure(m: dict[str, Any]) -> None:
-    _at_least("measure.repeats", m["repeats"], 1)
-    _at_least("measure.warmup", m["warmup"], 0)
-    _at_least("measure.threads", m["threads"], 0)
-    _at_least("measure.max_discarded", m["max_discarded"], 0)
-    for key in ("min_duration_s", "max_duration_s", "wait_for_idle_gpu_s", "target_rel_ci"):
-        if m[key] < 0:
-            raise ConfigError(f"measure.{key} must be >= 0, got {m[key]}")
     if 0 < m["max_repeats"] < m["repeats"]:
         raise ConfigError(
             f"measure.max_repeats ({m['max_repeats']}) is below measure.repeats ({m['repeats']}); "
@@ -74,9 +93,4 @@ def _validate_measure(m: dict[str, Any]) -> None:
         raise ConfigError(
             f"measure.max_duration_s ({m['max_duration_s']}) is below measure.min_duration_s "
             f"({m['min_duration_s']}); raise it or use 0 (no cap)"
-        )
-    if not 0 < m["max_host_contention"] <= 1:
-        raise ConfigError(
-            f"measure.max_host_contention must be in (0, 1] (a share of the cell's CPUs; 1 = off), "
-            f"got {m['max_host_contention']}"
         )

@@ -10,7 +10,6 @@ Rules, in order:
   are within +-target of their medians, or `repeat_cap` calls or `max_duration_s` are reached.
 """
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,13 +32,15 @@ class CallMeter(Protocol):
 
 @dataclass(frozen=True)
 class SamplingRules:
+    """The measured phase's rules, from the cell's `MeasureProtocol` (`cell/run.py::sampling_rules`)."""
+
     repeats: int
-    min_duration_s: float = 0.0
-    repeat_cap: int = 0  # 0 = repeats
-    max_contention: float = math.inf  # share of the cell's CPUs others may take during a kept call
-    max_discarded: int = 0
-    target_rel_ci: float = 0.0  # 0 = off
-    max_duration_s: float = 0.0  # 0 = no time cap
+    min_duration_s: float
+    repeat_cap: int  # 0 = repeats
+    max_contention: float  # share of the cell's CPUs others may take during a kept call
+    max_discarded: int
+    target_rel_ci: float  # 0 = off
+    max_duration_s: float  # 0 = no time cap
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from dataclasses import asdict
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
-from kvsweep.grid import Protocol, expand_grid
+from kvsweep.grid import MeasureProtocol, expand_grid
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
@@ -81,8 +81,8 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
     return metrics
 
 
-def protocol_of(m: MeasureConfig, device: str) -> Protocol:
-    return Protocol(
+def protocol_of(m: MeasureConfig, device: str) -> MeasureProtocol:
+    return MeasureProtocol(
         warmup=m.warmup,
         repeats=m.repeats,
         seed=m.seed,

@@ -7,7 +7,7 @@ tested on simulated clusters and measured on 2,000-cell grids.
 import time
 from typing import Any
 
-from kvsweep.grid import Cell, Protocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.names import Metric
 from kvsweep.results import OK, CellResult
 
@@ -18,7 +18,9 @@ def sleep_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     time.sleep(float(testing.get("sleep_s", 0.0)))
     elapsed_ms = (time.perf_counter() - started) * 1e3
     the_cell = Cell(**cell)
-    result = CellResult(cell_id(the_cell, Protocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms})
+    result = CellResult(
+        cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms}
+    )
     return result.to_dict()
 
 
@@ -46,6 +48,6 @@ def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     torch.set_num_threads(found["threads"] + 1)
     torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
     the_cell = Cell(**cell)
-    result = CellResult(cell_id(the_cell, Protocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
+    result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
     result.environment["found"] = found
     return result.to_dict()
