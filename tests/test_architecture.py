@@ -37,6 +37,39 @@ def test_mlflow_names_are_spelled_in_one_module_only():
     assert not spelled, spelled
 
 
+def test_metric_names_are_spelled_in_one_module_only():
+    """A metric key written as a string (`"kl_divergence"`) anywhere but kvsweep/names.py could drift from the
+    contract: code uses `Metric.KL_DIVERGENCE`. Docstrings may name metrics; a config key that shares its
+    name with a metric (`repeats`: how many calls the config asks for, and how many were kept) is the key."""
+    import ast
+    from dataclasses import fields
+
+    from kvsweep.config.schema import MeasureConfig
+    from kvsweep.names import TIMED, Metric, ci_high, ci_low
+
+    metrics = {v for k, v in vars(Metric).items() if k.isupper()} | {f(m) for m in TIMED for f in (ci_low, ci_high)}
+    assert {"ttft_ms", "kl_divergence", "ttft_ms_ci_low"} <= metrics  # what the scan looks for
+    bare = metrics - {f.name for f in fields(MeasureConfig)}
+    spelled = []
+    for path in (ROOT / "src" / "kvsweep").rglob("*.py"):
+        if path.name == "names.py" and path.parent.name == "kvsweep":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in bare and id(node) not in docstrings:
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert not spelled, spelled
+
+
+def _docstrings(tree) -> set[int]:
+    import ast
+
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    firsts = [owner.body[0] for owner in ast.walk(tree) if isinstance(owner, kinds) and owner.body]
+    return {id(s.value) for s in firsts if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)}
+
+
 def _is_module_path(text: str) -> bool:
     """`kvsweep.cell.run`: a module kvsweep imports by name, not an MLflow key."""
     import importlib.util

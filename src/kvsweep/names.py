@@ -1,9 +1,9 @@
 """Every name kvsweep writes to MLflow: tags, params, metrics. One module, importable without MLflow.
 
-The names are a contract (DESIGN.md): users' saved views and scripts use them. The cell writes its
-tags and metrics with these constants, tracking logs and reads runs back with them, and the report
-reads results with them, so nothing can drift. `tests/test_sweep.py` checks that a real sweep logs
-exactly what is declared here.
+The names are a contract (`docs/metrics.md` defines them): users' saved views and scripts use them.
+The cell writes its tags and metrics with these constants, tracking logs and reads runs back with
+them, and the report reads results with them, so nothing can drift. `tests/test_sweep.py` checks
+that a real sweep logs exactly what is declared here.
 """
 
 REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-MIB = 1 << 20
+from kvsweep.units import MIB
+
 COPY_ROUNDS = 5
 
 

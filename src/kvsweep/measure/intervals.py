@@ -19,7 +19,9 @@ CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
-class Interval:
+class MedianInterval:
+    """The order-statistic interval of a median and how surely it covers it."""
+
     low: float
     high: float
     coverage: float  # the interval's exact coverage probability (>= CONFIDENCE when n >= 6)
@@ -34,16 +36,16 @@ def _coverage(n: int, j: int) -> float:
     return sum(math.comb(n, i) for i in range(j, n - j + 1)) / 2**n
 
 
-def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> MedianInterval:
     """The order-statistic interval of the median; NaN bounds for no samples."""
     n = len(values)
     if n == 0:
-        return Interval(math.nan, math.nan, 0.0)
+        return MedianInterval(math.nan, math.nan, 0.0)
     ordered = sorted(values)
     j = 1
     while j + 1 <= n - j and _coverage(n, j + 1) >= confidence:
         j += 1
-    return Interval(ordered[j - 1], ordered[n - j], _coverage(n, j) if n > 1 else 0.0)
+    return MedianInterval(ordered[j - 1], ordered[n - j], _coverage(n, j) if n > 1 else 0.0)
 
 
 def interval_metrics(name: str, values: Sequence[float]) -> dict[str, float]:

@@ -10,7 +10,7 @@ from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
 from kvsweep.plan.offload import host_limits
-from kvsweep.report.table import MIB
+from kvsweep.units import MIB
 
 
 def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, ModelFacts], dict[str, str]]:

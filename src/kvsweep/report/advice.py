@@ -1,9 +1,9 @@
-"""What to do when a strategy fails, following the rollback order of the domain brief (seeds/).
+"""What to do when a strategy fails: roll back one setting at a time, in a fixed order.
 
-Roll back one setting at a time: first the cache implementation (back to dynamic), then separate
-cache problems from model/input problems with use_cache=False, and for OOM shrink the request
-before reaching for offloading. Which step applies to which strategy is the registry's fact
-(`CacheStrategy.rollback`); a cache unknown here (a past run's) gets the dense family's advice.
+First the cache implementation (back to dynamic), then separate cache problems from model/input
+problems with use_cache=False, and for OOM shrink the request before reaching for offloading.
+Which step applies to which strategy is the registry's fact (`CacheStrategy.rollback`); a cache
+unknown here (a past run's) gets the dense family's advice.
 """
 
 from kvsweep.caches import find_strategy
@@ -31,7 +31,7 @@ def failure_advice(cache: str, compiled: bool, status: str, error: str) -> str:
 
 
 def slow_quantized_advice(cache: str, slower_than_dynamic: bool, dynamic_ok: bool) -> str:
-    """The brief: a quantized cache is a memory card, not a speed-up; not the default when memory is ample."""
+    """A quantized cache saves memory, not time: not the default where dynamic fits and is faster."""
     return _rollback(cache).when_slower_than_dynamic if slower_than_dynamic and dynamic_ok else ""
 
 

@@ -2,9 +2,8 @@
 
 from kvsweep.caches import BASELINE
 from kvsweep.names import Metric, ci_high, ci_low
-from kvsweep.report.selection import MEMORY_LABELS, Decision, Entry, cost_text
-
-MIB = 1024 * 1024
+from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
+from kvsweep.units import MIB
 
 
 def short_form(decisions: list[Decision]) -> str:
@@ -56,8 +55,10 @@ def _escape(text: str) -> str:
 
 def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
     """Header and rows of the one-row-per-group table (shared by Markdown and HTML)."""
-    within = f"{decisions[0].settings.max_slowdown:.0%}" if decisions else ""
-    header = ["model", "dtype", "batch", "context", "new tokens", "fastest", f"leanest within {within}", "notes"]
+    settings = decisions[0].settings if decisions else None
+    within = f"{settings.max_slowdown:.0%}" if settings else ""
+    ranked = f" by {settings.rank_by}" if settings else ""
+    header = ["model", "dtype", "batch", "context", "new tokens", f"pick{ranked}", f"leanest within {within}", "notes"]
     rows = []
     for d in decisions:
         model, dtype, batch, context, new = d.key
@@ -65,14 +66,25 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         flagged = [
             f"{e.label}: {e.flags[0]}" for e in d.entries if e.status == "ok" and e.flags and "agreement" in e.flags[0]
         ]
-        tie = f"; tied within noise: {', '.join(e.label for e in d.tied)}" if d.tied else ""
-        cost = f" ({cost_text(d.fastest)})" if d.fastest and d.fastest.deltas else ""
-        fastest = _link(d.fastest, links, cost + tie)
+        pick = _link(d.pick, links, f" ({'; '.join(_pick_notes(d))})" if d.pick else "")
         contended = [f"{e.label}: CONTENDED ({e.contention})" for e in d.deciding() if e.contention]
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
-        row = [d.model_name or model, dtype, str(batch), str(context), str(new), fastest, leanest]
+        row = [d.model_name or model, dtype, str(batch), str(context), str(new), pick, leanest]
         rows.append([*row, "; ".join(contended + failed + flagged)])
     return header, rows
+
+
+def _pick_notes(decision: Decision) -> list[str]:
+    """Why it is the pick (the fastest, or the tie-break among the tied) and its cost against dynamic."""
+    assert decision.pick is not None
+    why = ["fastest"]
+    if decision.tied:
+        why = [f"tied within noise: {', '.join(e.label for e in decision.tied)}; {TIE_RULE}"]
+    return why + ([cost_text(decision.pick)] if decision.pick.deltas else [])
+
+
+def _pick_name(decision: Decision) -> str:
+    return "pick of the tied" if decision.tied else "fastest"
 
 
 def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
@@ -95,8 +107,8 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     for d in decisions:
         for e in d.entries:
             m = e.result.metrics
-            pick = [name for name, chosen in (("fastest", d.fastest), ("leanest", d.leanest)) if chosen is e]
-            notes = [*(f"**{p}**" for p in pick), *e.flags, *([e.advice] if e.advice else [])]
+            picked = [name for name, chosen in ((_pick_name(d), d.pick), ("leanest", d.leanest)) if chosen is e]
+            notes = [*(f"**{p}**" for p in picked), *e.flags, *([e.advice] if e.advice else [])]
             if e.status != "ok" and e.result.error and e.status != "skipped":
                 notes.append(e.result.error[:160])
             rows.append(
@@ -110,7 +122,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     _num(e.memory, MIB) if e.status == "ok" else "-",
                     cost_text(e) or ("baseline" if e.label == BASELINE and e.status == "ok" else "-"),
                     _num(m.get(Metric.TOKEN_AGREEMENT)) if e.status == "ok" else "-",
-                    f"{m['kl_divergence']:.2e}" if e.status == "ok" and Metric.KL_DIVERGENCE in m else "-",
+                    f"{m[Metric.KL_DIVERGENCE]:.2e}" if e.status == "ok" and Metric.KL_DIVERGENCE in m else "-",
                     "; ".join(notes),
                 ]
             )
@@ -130,11 +142,11 @@ def intro(decisions: list[Decision]) -> str:
     s = decisions[0].settings
     basis = MEMORY_LABELS[decisions[0].memory_basis]
     return (
-        f"Fastest: the lowest {s.rank_by} among strategies that ran and fit, named only when its 95% interval "
+        f"Pick: the fastest, the lowest {s.rank_by} among strategies that ran and fit, when its 95% interval "
         "(shown in brackets) does not overlap the runner-up's; otherwise the strategies are tied within noise "
-        "and the tie goes to the least memory, then the simpler strategy (dynamic first). "
+        "and the pick is the one with the least memory, then the simpler strategy (dynamic first). "
         f"Leanest: the least {basis} among "
-        f"strategies within {s.max_slowdown:.0%} of the fastest. Costs are relative to `dynamic` on the same "
+        f"strategies within {s.max_slowdown:.0%} of the fastest median. Costs are relative to `dynamic` on the same "
         "model, dtype, batch, context and new tokens; a timing's ± is its 95% uncertainty (both intervals in "
         "quadrature). CONTENDED marks cells measured while other processes took their CPUs or GPU "
         "(`kvsweep.contended`). Strategies whose tokens agree with dynamic less than "

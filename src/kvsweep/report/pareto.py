@@ -7,8 +7,7 @@ from matplotlib.axes import Axes
 from kvsweep.grid import strategy_label
 from kvsweep.names import Metric, ResultTag
 from kvsweep.results import OK, CellResult
-
-MIB = 1024 * 1024
+from kvsweep.units import MIB
 
 
 def _has(result: CellResult, metric: str) -> bool:

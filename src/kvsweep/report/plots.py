@@ -21,8 +21,8 @@ from kvsweep.names import Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
 from kvsweep.report.selection import memory_basis
 from kvsweep.results import OK, CellResult
+from kvsweep.units import MIB
 
-MIB = 1024 * 1024
 FacetKey = tuple[str, str, int, int]  # model, dtype, batch size, new tokens
 
 

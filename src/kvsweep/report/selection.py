@@ -1,13 +1,13 @@
 """The selection table: per model/dtype/batch/context, which strategy to ship, decided from the data.
 
 For every group of cells that differ only in their cache strategy:
-- *fastest*: the lowest `rank_by` (TPOT by default) among strategies that ran and fit, named only
-  when its 95% interval does not overlap the runner-up's; otherwise the strategies whose intervals
-  overlap the best one's are *tied within noise* and the tie goes to the least memory, then the
-  simpler strategy (registry order: `dynamic` first);
-- *leanest*: the least memory among strategies within `max_slowdown` of the fastest;
-- every strategy's cost relative to `dynamic` (TPOT, TTFT, memory), its quality flags, and for
-  failures the status with the rollback advice of the domain brief.
+- the *pick*: the *fastest*, the lowest `rank_by` (TPOT by default) among strategies that ran and
+  fit, when its 95% interval does not overlap the runner-up's; otherwise the strategies whose
+  intervals overlap the best one's are *tied within noise* and the pick is the one with the least
+  memory, then the simpler strategy (registry order: `dynamic` first);
+- *leanest*: the least memory among strategies within `max_slowdown` of the fastest median;
+- every strategy's cost relative to `dynamic` (TPOT, TTFT, the `rank_by` timing, memory), its
+  quality flags, and for failures the status with the rollback advice (`report/advice.py`).
 A strategy whose tokens drift from dynamic (agreement below the threshold) is never picked for a
 trained model; on random-weight presets (shape-only) quality says little, so it is only flagged.
 """
@@ -22,12 +22,13 @@ from kvsweep.grid import strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
-from kvsweep.report.uncertainty import metric_interval, overlaps, ratio_error
+from kvsweep.report.uncertainty import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
 GroupKey = tuple[str, str, int, int, int]  # model, dtype, batch size, context length, new tokens
-MEMORY_LABELS = {"peak_device_mem_bytes": "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
+MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
+TIMING_LABELS = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: "E2E"}  # the `rank_by` choices
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,9 @@ class Entry:
     result: CellResult
     speed: float | None = None
     memory: float | None = None
-    deltas: dict[str, float] = field(default_factory=dict)  # fraction vs dynamic: tpot, ttft, memory
+    deltas: dict[str, float] = field(default_factory=dict)  # fraction vs dynamic: tpot, ttft, rank_by, memory
     errors: dict[str, float] = field(default_factory=dict)  # +- on those fractions (timings only)
-    interval: tuple[float, float] | None = None  # 95% interval of the rank_by median
+    interval: CiBounds | None = None  # 95% interval of the rank_by median
     contention: str = ""  # what was seen, when the cell was measured under contention
     flags: list[str] = field(default_factory=list)
     advice: str = ""
@@ -64,9 +65,9 @@ class Decision:
     entries: list[Entry]
     memory_basis: str
     settings: Settings
-    fastest: Entry | None = None  # the pick: the fastest, or the tie-break among the tied
+    pick: Entry | None = None  # the fastest when nothing ties with it, else the tie-break among the tied
     leanest: Entry | None = None
-    tied: list[Entry] = field(default_factory=list)  # strategies indistinguishable from the fastest
+    tied: list[Entry] = field(default_factory=list)  # strategies indistinguishable from the fastest median
     model_name: str = ""  # what a person reads (model_names.py); the key keeps the full reference
 
     @property
@@ -76,14 +77,14 @@ class Decision:
 
     def summary(self) -> str:
         """One line: the two picks and what they cost against dynamic."""
-        if self.fastest is None:
+        if self.pick is None:
             return f"{self.label}: no strategy ran ({', '.join(f'{e.label} {e.status}' for e in self.entries)})"
         text = f"{self.label}: {self._pick_text()}"
         within = f"{self.settings.max_slowdown:.0%}"
-        if self.leanest is not None and self.leanest is not self.fastest:
+        if self.leanest is not None and self.leanest is not self.pick:
             cost = _vs(self.leanest, first=True) or "the baseline"
             text += f"; leanest within {within}: {self.leanest.label} ({cost})"
-        elif self.leanest is self.fastest:
+        elif self.leanest is self.pick:
             text += f"; also the leanest within {within}"
         drifted = [
             f"{e.label} {e.flags[0]}" for e in self.entries if e.status == OK and e.flags and "agreement" in e.flags[0]
@@ -96,14 +97,14 @@ class Decision:
         return text
 
     def _pick_text(self) -> str:
-        assert self.fastest is not None
+        assert self.pick is not None
         metric = self.settings.rank_by.removesuffix("_ms")
         if not self.tied:
-            return f"fastest {self.fastest.label} ({metric} {self.fastest.speed:.2f} ms{_vs(self.fastest)})"
+            return f"fastest {self.pick.label} ({metric} {self.pick.speed:.2f} ms{_vs(self.pick)})"
         speeds = [e.speed for e in self.tied if e.speed is not None]
         return (
             f"tied within noise on {metric} ({min(speeds):.2f}-{max(speeds):.2f} ms): "
-            f"{', '.join(e.label for e in self.tied)}; pick {self.fastest.label} ({TIE_RULE}{_vs(self.fastest)})"
+            f"{', '.join(e.label for e in self.tied)}; pick {self.pick.label} ({TIE_RULE}{_vs(self.pick)})"
         )
 
     def deciding(self) -> list[Entry]:
@@ -123,7 +124,7 @@ def _vs(entry: Entry, first: bool = False) -> str:
 
 def cost_text(entry: Entry) -> str:
     """'TPOT -12%, TTFT +3%, memory +30%' relative to dynamic; empty for dynamic itself."""
-    names = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", "memory": "memory"}
+    names = {**TIMING_LABELS, "memory": "memory"}
     return ", ".join(f"{names[k]} {pct(v)}{_pm(entry.errors.get(k))}" for k, v in entry.deltas.items())
 
 
@@ -167,8 +168,8 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
     dynamic = next((e for e in entries if e.label == BASELINE and e.status == OK), None)
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:
-            entry.deltas = _deltas(entry.result, dynamic.result, basis)
-            entry.errors = _errors(entry.result, dynamic.result)
+            entry.deltas = _deltas(entry.result, dynamic.result, basis, settings.rank_by)
+            entry.errors = _errors(entry.result, dynamic.result, settings.rank_by)
             slower = entry.deltas.get(settings.rank_by, 0.0) > 0
             entry.advice = entry.advice or slow_quantized_advice(entry.result.cell.cache, slower, True)
     decision = Decision(key, entries, basis, settings)
@@ -176,10 +177,10 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
     if eligible:
         best = eligible[0]
         tied = [e for e in eligible if e is best or overlaps(e.interval, best.interval)]
-        decision.fastest = best
+        decision.pick = best
         if len(tied) > 1:
             decision.tied = tied
-            decision.fastest = min(tied, key=lambda e: (math.inf if e.memory is None else e.memory, _order(e.result)))
+            decision.pick = min(tied, key=lambda e: (math.inf if e.memory is None else e.memory, _order(e.result)))
         limit = best.speed * (1 + settings.max_slowdown)
         within = [e for e in eligible if e.speed <= limit and e.memory is not None]
         if within:
@@ -219,14 +220,19 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     return entry
 
 
-def _errors(result: CellResult, dynamic: CellResult) -> dict[str, float]:
-    errors = {name: ratio_error(result.metrics, dynamic.metrics, name) for name in (Metric.TPOT_MS, Metric.TTFT_MS)}
+def _timings(rank_by: str) -> list[str]:
+    """The timings a cost is given in: TPOT and TTFT always, and the one the pick is ranked by."""
+    return [Metric.TPOT_MS, Metric.TTFT_MS, *([rank_by] if rank_by not in (Metric.TPOT_MS, Metric.TTFT_MS) else [])]
+
+
+def _errors(result: CellResult, dynamic: CellResult, rank_by: str) -> dict[str, float]:
+    errors = {name: ratio_error(result.metrics, dynamic.metrics, name) for name in _timings(rank_by)}
     return {name: error for name, error in errors.items() if error is not None}
 
 
-def _deltas(result: CellResult, dynamic: CellResult, basis: str) -> dict[str, float]:
+def _deltas(result: CellResult, dynamic: CellResult, basis: str, rank_by: str) -> dict[str, float]:
     out = {}
-    for name, metric in ((Metric.TPOT_MS, Metric.TPOT_MS), (Metric.TTFT_MS, Metric.TTFT_MS), ("memory", basis)):
+    for name, metric in [*((t, t) for t in _timings(rank_by)), ("memory", basis)]:
         mine, theirs = result.metrics.get(metric), dynamic.metrics.get(metric)
         if mine is not None and theirs:
             out[name] = mine / theirs - 1

@@ -9,6 +9,7 @@ from kvsweep.grid import CELL_FIELDS, cell_label, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag, with_interval
 from kvsweep.results import CellResult
+from kvsweep.units import MIB
 
 CSV_METRICS = (
     *with_interval(Metric.TTFT_MS),
@@ -30,7 +31,6 @@ CSV_METRICS = (
     Metric.HOST_OTHER_CPU_SHARE,
     Metric.HOST_STEAL_SHARE,
 )
-MIB = 1024 * 1024
 
 
 def results_csv(results: Iterable[CellResult]) -> str:

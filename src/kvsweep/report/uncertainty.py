@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 from kvsweep.names import ci_high, ci_low
 
-Interval = tuple[float, float]
+CiBounds = tuple[float, float]  # (low, high) of a metric's 95% interval, as its result logs them
 
 
-def metric_interval(metrics: Mapping[str, float], name: str) -> Interval | None:
+def metric_interval(metrics: Mapping[str, float], name: str) -> CiBounds | None:
     """The metric's interval; a point when the cell has none (runs from before intervals were logged)."""
     if name not in metrics:
         return None
@@ -24,7 +24,7 @@ def metric_interval(metrics: Mapping[str, float], name: str) -> Interval | None:
     return low, high
 
 
-def overlaps(a: Interval | None, b: Interval | None) -> bool:
+def overlaps(a: CiBounds | None, b: CiBounds | None) -> bool:
     return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 
 
