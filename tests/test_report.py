@@ -32,7 +32,7 @@ def test_fastest_and_leanest_are_picked_with_costs_against_dynamic():
         ],
         Settings(max_slowdown=0.10),
     )
-    assert decision.fastest.label == "static"
+    assert decision.pick.label == "static"
     assert decision.leanest.label == "quantized-hqq-int4"
     static = next(e for e in decision.entries if e.label == "static")
     assert static.deltas == pytest.approx({"tpot_ms": -0.12, "ttft_ms": 0.03, "memory": 0.30})
@@ -56,7 +56,7 @@ def test_failures_carry_their_status_and_rollback_advice():
     assert "drop static/compile, return to dynamic" in entries["static+compile"].advice
     assert "even quantized" in entries["quantized-quanto-int4"].advice
     assert "inferred from a smaller cell's OOM" in entries["quantized-quanto-int4"].flags
-    assert decisions[0].fastest.label == "offloaded"  # the only one that fit
+    assert decisions[0].pick.label == "offloaded"  # the only one that fit
     assert entries["offloaded"].deltas == {}  # no dynamic numbers to compare against
 
 
@@ -68,13 +68,13 @@ def test_drifting_outputs_are_flagged_and_not_picked_for_a_trained_model():
     [trained] = decide(cells, Settings(min_token_agreement=0.9))
     quanto = trained.entries[1]
     assert "token agreement 0.40 < 0.90" in quanto.flags and "fall back to dynamic" in quanto.advice
-    assert trained.fastest.label == "dynamic" and trained.leanest.label == "dynamic"
+    assert trained.pick.label == "dynamic" and trained.leanest.label == "dynamic"
     assert "flagged: quantized-quanto-int2 token agreement 0.40 < 0.90" in trained.summary()
     shape_only = [
         result(r.cell.cache, model="tiny-llama", tags={"kvsweep.shape_only": "true"}, **r.metrics) for r in cells
     ]
     [preset] = decide(shape_only, Settings(min_token_agreement=0.9))
-    assert preset.fastest.label == "quantized-quanto-int2"  # random weights: flagged, still eligible
+    assert preset.pick.label == "quantized-quanto-int2"  # random weights: flagged, still eligible
     assert "shape-only (random weights)" in preset.entries[1].flags
 
 
@@ -94,7 +94,7 @@ def test_a_physically_impossible_timing_is_flagged_and_never_picked():
     )
     static = decision.entries[1]
     assert "implausible: decode read 40.00x the memory bandwidth" in static.flags
-    assert decision.fastest.label == "dynamic"
+    assert decision.pick.label == "dynamic"
 
 
 def test_the_results_table_marks_implausible_cells():
