@@ -44,8 +44,10 @@ def two_node_cluster():
     cluster.shutdown()
 
 
-def sweep(cluster, tmp_path, *overrides):
-    env = {**os.environ, **QUIET}
+def sweep(cluster, tmp_path, *overrides, env=None):
+    """A sweep on `cluster` (None: no ray.address, the driver's own machine)."""
+    env = {**os.environ, **QUIET, **(env or {})}
+    address = [f"ray.address={cluster.address}"] if cluster is not None else []
     return subprocess.run(
         [
             sys.executable,
@@ -57,7 +59,7 @@ def sweep(cluster, tmp_path, *overrides):
             "grid.batch_sizes=[1,2]",
             "grid.max_new_tokens=[4]",
             "grid.caches=[dynamic,static]",
-            f"ray.address={cluster.address}",
+            *address,
             "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
             "+testing.sleep_s=3",
             f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
@@ -120,11 +122,12 @@ def test_gpu_kind_and_custom_resources_restrict_placement(two_node_cluster, tmp_
 
 
 def test_dry_run_resolves_device_auto_from_the_cluster_like_a_run(two_node_cluster, tmp_path):
-    """This machine has no GPU, the cluster has four: `auto` means the cluster's, in a dry run as in a run."""
-    import torch
-
-    assert not torch.cuda.is_available()
-    proc = sweep(two_node_cluster, tmp_path, "dry_run=true")
+    """The driver sees no GPU, the cluster has four: `auto` means the cluster's, in a dry run as in a run."""
+    no_gpu_here = {"CUDA_VISIBLE_DEVICES": ""}  # CUDA's convention: hides every GPU of this machine, if it has any
+    alone = sweep(None, tmp_path, "dry_run=true", env=no_gpu_here)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "8 cells on cpu" in alone.stdout, alone.stdout  # without the cluster: this machine's CPU
+    proc = sweep(two_node_cluster, tmp_path, "dry_run=true", env=no_gpu_here)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "8 cells on cuda" in proc.stdout, proc.stdout
     assert not (tmp_path / "mlflow.db").exists()  # nothing logged

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
-from kvsweep.measure.decode_bound import bandwidth_metrics, implausible
+from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes, implausible
 
 MIB = 1 << 20
 
@@ -36,7 +36,24 @@ def test_cpu_copy_bandwidth_agrees_with_a_hand_timed_copy():
 def test_utilization_is_bytes_over_time_over_bandwidth():
     metrics = bandwidth_metrics(bytes_per_token=2e9, tpot_ms=100.0, bandwidth=Bandwidth(40.0, 32 * MIB))
     assert metrics["decode_bandwidth_utilization"] == pytest.approx(0.5)  # 20 GB/s of 40
-    assert metrics["mem_bandwidth_gbps"] == 40.0 and metrics["decode_bytes_per_token"] == 2e9
+    assert "decode_bandwidth_utilization" not in bandwidth_metrics(2e9, 0.0, Bandwidth(40.0, None))  # no timing
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_decode_step_reads_every_matrix_but_only_rows_of_an_untied_input_embedding(tied):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvsweep.models.presets import PRESETS
+
+    preset = PRESETS["tiny-llama"]
+    config = AutoConfig.for_model(preset.model_type, **{**preset.config, "tie_word_embeddings": tied})
+    model = AutoModelForCausalLM.from_config(config)  # float32: 4 bytes a parameter
+    # By hand from tiny-llama's shape (hidden 128, 4 heads of 32, 2 KV heads, MLP 256, 4 layers, vocabulary
+    # 1024), per layer: q and o 128x128 each, k and v 128x64 each, gate, up and down 128x256 each, two norms of
+    # 128. Then the final norm and the 1024x128 output matrix (the lm_head, or the tied table it reads whole);
+    # an untied input table is only looked up, not read.
+    per_layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 256 + 2 * 128
+    assert decode_weight_bytes(model) == 4 * (4 * per_layer + 128 + 1024 * 128)
 
 
 def test_faster_than_memory_is_implausible_only_for_bytes_no_cache_can_hold():

@@ -44,23 +44,39 @@ def declared_distributions() -> dict[str, str]:
     return declared
 
 
-def test_every_third_party_import_is_a_declared_dependency():
-    imports = imported_modules(SOURCES)
-    third_party = {m: files for m, files in imports.items() if m not in sys.stdlib_module_names and m != "kvsweep"}
-    assert {"torch", "mlflow", "matplotlib", "rich"} <= set(third_party)  # the scan sees what it must
+def _third_party(*folders: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for folder in folders:
+        for module, files in imported_modules(folder).items():
+            if module not in sys.stdlib_module_names and module != "kvsweep":
+                found.setdefault(module, set()).update(files)
+    return found
+
+
+def _not_provided_by(imports: dict[str, set[str]], declared: set[str]) -> list[str]:
+    """Imported modules whose installed distribution is none of `declared`, with the files importing them."""
     providers = importlib.metadata.packages_distributions()
-    declared = declared_distributions()
-    undeclared = []
-    for module, files in sorted(third_party.items()):
+    missing = []
+    for module, files in sorted(imports.items()):
         dists = {_normalized(d) for d in providers.get(module, [])}
-        if not dists & set(declared):
+        if not dists & declared:
             provider = ", ".join(sorted(dists)) or "no installed distribution"
-            undeclared.append(f"{module} (from {provider}; {sorted(files)})")
+            missing.append(f"{module} (from {provider}; {sorted(files)})")
+    return missing
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    third_party = _third_party(SOURCES)
+    assert {"torch", "mlflow", "matplotlib", "rich"} <= set(third_party)  # the scan sees what it must
+    undeclared = _not_provided_by(third_party, set(declared_distributions()))
     assert not undeclared, f"imported by src/ but not declared in pyproject.toml: {undeclared}"
 
 
-def test_report_and_progress_packages_are_core_dependencies():
-    """The report runs at the end of every sweep, and the progress display on every terminal: not extras."""
-    declared = declared_distributions()
-    assert declared.get("matplotlib") == "dependencies"
-    assert declared.get("rich") == "dependencies"
+def test_what_every_sweep_runs_needs_no_extra():
+    """The driver (its progress display on every terminal) and the report (written at the end of every
+    sweep) run in every sweep: what they import must come with `pip install kvsweep`, not an extra."""
+    always = _third_party(SOURCES / "driver", SOURCES / "report")
+    assert {"rich", "matplotlib", "ray"} <= set(always)  # the progress display, the plots, the cluster
+    core = {name for name, where in declared_distributions().items() if where == "dependencies"}
+    in_extras = _not_provided_by(always, core)
+    assert not in_extras, f"imported by every sweep but not a core dependency in pyproject.toml: {in_extras}"

@@ -31,10 +31,16 @@ def test_grid_is_the_cartesian_product_without_pointless_compile_twins():
     assert len(set(cells)) == len(cells)
 
 
-def test_small_cells_come_before_large_ones_of_the_same_strategy():
-    cells = [c for c in expand_grid(GRID) if c.cache == "static" and not c.compile and c.dtype == "float32"]
-    sizes = [(c.batch_size, c.context_length) for c in cells]
-    assert sizes == sorted(sizes)
+def test_the_grid_keeps_the_configs_order_and_the_sweep_queues_small_cells_first():
+    from kvsweep.driver.oom_inference import size_order
+    from kvsweep.driver.scheduler import Job
+
+    unsorted = {**GRID, "dtypes": ["float32"], "context_lengths": [1024, 256], "batch_sizes": [4, 1]}
+    cells = [c for c in expand_grid(unsorted) if c.cache == "static" and not c.compile]
+    assert [(c.batch_size, c.context_length) for c in cells] == [(4, 1024), (4, 256), (1, 1024), (1, 256)]
+    # the order the sweep hands the scheduler: tokens held, batch x (context + 16 new): 272, 1040, 1088, 4160
+    queued = [job.cell for job in sorted((Job(cell_id(c, PROTO), c) for c in cells), key=size_order)]
+    assert [(c.batch_size, c.context_length) for c in queued] == [(1, 256), (1, 1024), (4, 256), (4, 1024)]
 
 
 def test_cell_id_is_stable_and_depends_on_settings_and_protocol():

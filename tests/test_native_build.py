@@ -1,20 +1,25 @@
-"""quanto's CUDA extension: planned as skipped where it can neither be found built nor be built (issue 15).
+"""quanto's native extensions: planned as skipped where they can neither be found built nor be built (issue 15).
 
 The planner reads the machine the way `torch.utils.cpp_extension` does (CUDA_HOME, nvcc on PATH,
 ninja, a C++ compiler); the tests build those machines from environment variables and files.
 """
 
 import importlib.metadata
+import importlib.util
 import os
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA, NativeBuild, Toolchain, build_problem, find_toolchain
+from kvsweep.caches import CacheStrategy, get_strategy, registered
+from kvsweep.caches.native_build import NativeBuild, Toolchain, build_problem, find_toolchain
 from kvsweep.grid import Cell
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.sweep_plan import model_facts
 
+SHAPE = model_facts(["tiny-llama"], False)[0]["tiny-llama"].shape
 QUANTO_CELL = Cell("tiny-llama", "float16", 256, 1, 32, "quantized-quanto-int4", False)
 HQQ_CELL = Cell("tiny-llama", "float16", 256, 1, 32, "quantized-hqq-int4", False)
 
@@ -28,31 +33,75 @@ def _executables(folder: Path, *names: str) -> Path:
     return folder
 
 
-def _plan(cell: Cell, toolchain: Toolchain | None = None):
-    facts, _ = model_facts([cell.model], False)
-    return plan_cell(cell, "cuda", facts[cell.model].shape, toolchain=toolchain)
+def _package_with_stamp(root: Path, stamp: str | None, name: str = "fake_cuda") -> NativeBuild:
+    """An importable package `fakeext_NAME` whose extension was built for torch `stamp` (None: never built)."""
+    package = f"fakeext_{name}"
+    build_dir = root / package / "kernels" / "build"
+    build_dir.mkdir(parents=True)
+    (root / package / "__init__.py").write_text("")
+    if stamp is not None:
+        (build_dir / "pytorch_version.txt").write_text(stamp + "\n")
+    return NativeBuild(name, "cuda", package, "kernels/build", "pytorch_version.txt", build=lambda: None)
 
 
-def test_quanto_on_cuda_is_skipped_without_a_cuda_toolkit_saying_what_to_install():
-    pytest.importorskip("optimum.quanto")
+@pytest.fixture
+def unbuilt_quanto(tmp_path, monkeypatch) -> Iterator[CacheStrategy]:
+    """quanto's int4 strategy, registered with both its extensions installed but never built, whatever an
+    earlier test compiled into site-packages: the skip path is tested on every machine."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    quanto = get_strategy("quantized-quanto-int4")
+    unbuilt = tuple(
+        replace(_package_with_stamp(tmp_path, None, b.name), device=b.device) for b in quanto.requires.native_builds
+    )
+    strategy = replace(quanto, name="quanto-unbuilt", requires=replace(quanto.requires, native_builds=unbuilt))
+    with registered(strategy):
+        yield strategy
+
+
+def _installed(module: str) -> bool:
+    return True  # the package is there; only its extension may not be built
+
+
+def _plan(cell: Cell, device: str, toolchain: Toolchain | None = None):
+    return plan_cell(cell, device, SHAPE, _installed, toolchain=toolchain)
+
+
+def test_quanto_needs_its_cpu_extension_on_cpu_and_its_cuda_one_on_cuda():
+    """quanto's own names and folders: `quanto_cpp` (library/extensions/cpp), `quanto_cuda` (.../cuda)."""
+    builds = get_strategy("quantized-quanto-int4").requires.native_builds
+    assert {(b.name, b.device, b.build_dir) for b in builds} == {
+        ("quanto_cpp", "cpu", "library/extensions/cpp/build"),
+        ("quanto_cuda", "cuda", "library/extensions/cuda/build"),
+    }
+    assert get_strategy("quantized-hqq-int4").requires.native_builds == ()  # hqq builds nothing
+
+
+def test_an_unbuilt_extension_is_planned_as_skipped_saying_what_to_install(unbuilt_quanto):
+    on_cuda = replace(QUANTO_CELL, cache=unbuilt_quanto.name)
+    on_cpu = replace(on_cuda, dtype="float32")
     no_nvcc = Toolchain(cuda_home=None, ninja=True, compiler=True)
-    planned = _plan(QUANTO_CELL, no_nvcc)
-    if QUANTO_CUDA.built_for_installed_torch():
-        assert planned.runs  # built before for this torch: nothing to compile
-        return
-    assert not planned.runs
-    assert "quanto_cuda" in planned.skip_reason and "CUDA_HOME" in planned.skip_reason
-    assert _plan(HQQ_CELL, no_nvcc).runs  # hqq builds nothing: unaffected
-    assert _plan(QUANTO_CELL, Toolchain("/opt/cuda", ninja=True, compiler=True)).runs
+    nothing = Toolchain(cuda_home=None, ninja=False, compiler=False)
+    skipped = _plan(on_cuda, "cuda", no_nvcc)
+    assert not skipped.runs
+    assert "quanto_cuda" in skipped.skip_reason and "CUDA_HOME" in skipped.skip_reason
+    assert _plan(on_cuda, "cuda", Toolchain("/opt/cuda", ninja=True, compiler=True)).runs
+    assert _plan(on_cpu, "cpu", no_nvcc).runs  # quanto_cpp needs no CUDA toolkit
+    bare = _plan(on_cpu, "cpu", nothing)
+    assert not bare.runs and "quanto_cpp" in bare.skip_reason and "c++" in bare.skip_reason
+    assert _plan(HQQ_CELL, "cuda", nothing).runs  # hqq builds nothing: unaffected
 
 
-def test_the_planner_reads_the_toolkit_from_this_machines_environment(tmp_path, monkeypatch):
-    pytest.importorskip("optimum.quanto")
+def test_the_planner_reads_the_toolkit_from_this_machines_environment(unbuilt_quanto, tmp_path, monkeypatch):
+    cell = replace(QUANTO_CELL, cache=unbuilt_quanto.name)
     cuda = tmp_path / "cuda"
     _executables(cuda / "bin", "nvcc")
     monkeypatch.setenv("CUDA_HOME", str(cuda))
+    monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(_executables(tmp_path / "bin", "ninja", "c++")))
-    assert _plan(QUANTO_CELL).runs
+    assert _plan(cell, "cuda").runs
+    monkeypatch.setenv("PATH", str(_executables(tmp_path / "empty")))  # no c++ here
+    skipped = _plan(cell, "cuda")
+    assert not skipped.runs and "c++" in skipped.skip_reason
 
 
 def test_the_toolkit_is_found_where_torch_looks_for_it(tmp_path):
@@ -63,16 +112,10 @@ def test_the_toolkit_is_found_where_torch_looks_for_it(tmp_path):
     explicit = find_toolchain(env={"CUDA_HOME": "/opt/cuda"}, which=on_path.get, is_dir=lambda p: False)
     assert explicit.cuda_home == "/opt/cuda"  # CUDA_HOME wins over nvcc on PATH, as in torch
     bare = find_toolchain(env={}, which=lambda name: None, is_dir=lambda p: False)
-    assert len(bare.missing()) == 3 if importlib.util.find_spec("ninja") is None else 2
-
-
-def _package_with_stamp(root: Path, stamp: str | None) -> NativeBuild:
-    build_dir = root / "fakeext" / "kernels" / "build"
-    build_dir.mkdir(parents=True)
-    (root / "fakeext" / "__init__.py").write_text("")
-    if stamp is not None:
-        (build_dir / "pytorch_version.txt").write_text(stamp + "\n")
-    return NativeBuild("fake_cuda", "cuda", "fakeext", "kernels/build", "pytorch_version.txt", build=lambda: None)
+    ninja_module = importlib.util.find_spec("ninja") is not None  # pip's ninja counts, as in torch
+    assert bare == Toolchain(cuda_home=None, ninja=ninja_module, compiler=False)
+    assert len(bare.missing("cuda")) == (3 if not ninja_module else 2)
+    assert len(bare.missing("cpu")) == (2 if not ninja_module else 1)  # a CPU extension needs no CUDA toolkit
 
 
 @pytest.mark.parametrize(
@@ -89,25 +132,8 @@ def test_an_extension_built_for_the_installed_torch_needs_no_toolkit(tmp_path, m
         assert "fake_cuda" in problem and "nvcc" in problem and os.sep not in problem.split("(")[0]
 
 
-def test_quanto_on_cpu_needs_only_a_compiler_and_ninja_and_is_skipped_without_them():
-    pytest.importorskip("optimum.quanto")
-    cpu_cell = Cell("tiny-llama", "float32", 256, 1, 32, "quantized-quanto-int4", False)
-    facts, _ = model_facts([cpu_cell.model], False)
-    shape = facts[cpu_cell.model].shape
-    no_cuda = Toolchain(cuda_home=None, ninja=True, compiler=True)
-    assert plan_cell(cpu_cell, "cpu", shape, toolchain=no_cuda).runs  # no CUDA toolkit needed for quanto_cpp
-    nothing = Toolchain(cuda_home=None, ninja=False, compiler=False)
-    planned = plan_cell(cpu_cell, "cpu", shape, toolchain=nothing)
-    if QUANTO_CPP.built_for_installed_torch():
-        assert planned.runs  # built before for this torch: nothing to compile
-    else:
-        assert not planned.runs and "quanto_cpp" in planned.skip_reason and "c++" in planned.skip_reason
-
-
 def test_a_one_node_cluster_rebuilds_nothing_already_built(tmp_path, monkeypatch):
-    from dataclasses import replace
-
-    from kvsweep.caches import Requirements, get_strategy, registered
+    from kvsweep.caches import Requirements
     from kvsweep.driver.native_builds import needed_builds
     from kvsweep.plan.cell_plan import PlannedCell
 

@@ -159,13 +159,29 @@ def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path, signum
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert time.monotonic() - sent < 30
-    assert proc.returncode != 0, out
+    assert proc.returncode == 128 + signum, out  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
     assert "interrupted" in out and "Run the same command again" in out
     parents, children = cell_runs(f"sqlite:///{tmp_path}/mlflow.db")
     assert parents[0].info.status == "KILLED"
     hung = [c for c in children if c.data.params["cache"] == "static" and c.data.params["context_length"] == "64"]
     assert len(hung) == 1 and hung[0].info.status == "KILLED"
     assert Journal(tmp_path / "a").read().end["status"] == "KILLED"
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_the_exit_code_names_the_signal_even_where_ray_replaces_the_exception(signum, code):
+    from kvsweep.driver.interrupts import SignalInterrupts
+
+    before = signal.getsignal(signum)
+    interrupts = SignalInterrupts()
+    with pytest.raises(KeyboardInterrupt), interrupts:
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(10)  # cut short: the handler raises as soon as the signal arrives
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None  # what ray.wait raises in place of the handler's exception
+    assert (interrupts.name, interrupts.exit_code) == (signum.name, code)  # the README's 130/143
+    assert signal.getsignal(signum) is before  # the driver's own handlers are back
 
 
 def test_secrets_never_reach_mlflow_or_output(run_sweep, monkeypatch):

@@ -111,6 +111,18 @@ def test_slow_quantized_cache_gets_the_briefs_warning():
     assert "do not make a quantized cache the default" in decision.entries[1].advice
 
 
+def test_low_agreement_means_below_the_sweeps_threshold():
+    from kvsweep.tracking.delivery import quality_tags
+
+    def tag(agreement, params):
+        return quality_tags(result("quantized-hqq-int4", token_agreement=agreement), params)
+
+    assert tag(0.85, {}) == {"kvsweep.low_agreement": "true"}  # the default threshold is 0.9
+    assert tag(0.9, {}) == {"kvsweep.low_agreement": "false"}  # "less than": the threshold itself passes
+    assert tag(0.92, {"report.min_token_agreement": "0.95"}) == {"kvsweep.low_agreement": "true"}  # as logged
+    assert quality_tags(result("dynamic", status="error"), {}) == {}  # no tokens, no verdict
+
+
 def test_pareto_frontier_keeps_only_undominated_points():
     points = [(300.0, 9.5), (1000.0, 10.0), (1300.0, 8.8), (200.0, 12.0), (1300.0, 9.0)]
     assert pareto_frontier(points) == [(200.0, 12.0), (300.0, 9.5), (1300.0, 8.8)]
@@ -143,8 +155,12 @@ def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(ru
     assert {"report/report.html", "report/selection.md", "report/plots"} <= logged
     assert parent.data.params["report.max_slowdown"] == "0.1"
     cells = client.search_runs(["1"], "tags.`kvsweep.role` = 'cell' and tags.`kvsweep.status` = 'ok'")
-    assert {c.data.tags["kvsweep.low_agreement"] for c in cells} <= {"true", "false"} and len(cells) == 6
-    assert all(c.data.tags["kvsweep.low_agreement"] == "false" for c in cells if c.data.params["cache"] == "dynamic")
+    assert len(cells) == 6  # 2 contexts x (dynamic, static, hqq-int4); offloaded needs CUDA
+    for c in cells:  # the tag against the cell's own logged agreement and the sweep's default threshold, 0.9
+        agreement, tags = c.data.metrics["token_agreement"], c.data.tags
+        assert tags["kvsweep.low_agreement"] == ("true" if agreement < 0.9 else "false"), (agreement, tags)
+    dynamic = [c for c in cells if c.data.params["cache"] == "dynamic"]
+    assert len(dynamic) == 2 and all(c.data.metrics["token_agreement"] == 1.0 for c in dynamic)  # agrees with itself
 
     capsys.readouterr()
     rebuilt = tmp_path / "rebuilt"

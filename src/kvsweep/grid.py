@@ -105,7 +105,10 @@ def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[Cell]:
-    """All combinations, smallest first (so an OOM at a small size can inform larger ones).
+    """All combinations, in the config's order: models, dtypes, batch sizes, context lengths, new
+    tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
+    reads like the sweep file). The sweep runs them in another order, smallest first
+    (`driver/oom_inference.size_order`), so an OOM at a small size can spare the larger cells.
 
     compile=true only means something for strategies that preallocate (static ones); other
     strategies get no compiled twin instead of a pointless skipped cell.

@@ -4,27 +4,51 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C."""
+    """SIGINT or SIGTERM, raised by `SignalInterrupts`."""
 
 
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class SignalInterrupts:
+    """While entered, SIGINT and SIGTERM raise `Interrupted`, and the signal that came is remembered.
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise Interrupted("SIGTERM")
+    The exception alone cannot say which: Ray's blocking calls (`ray.wait`, `ray.get`) catch any
+    KeyboardInterrupt raised inside them and raise a bare one instead.
+    """
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum)
+        raise Interrupted(self.received.name)
+
+    def __enter__(self) -> "SignalInterrupts":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    @property
+    def name(self) -> str:
+        return (self.received or signal.SIGINT).name  # a KeyboardInterrupt no signal of ours raised: as Ctrl-C
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention, 128 + the signal's number: 130 after Ctrl-C, 143 after SIGTERM."""
+        return 128 + (self.received or signal.SIGINT)
 
 
 @contextmanager

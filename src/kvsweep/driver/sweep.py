@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
-from kvsweep.driver.interrupts import Interrupted, interrupts_ignored, sigterm_interrupts
+from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_end import finish
@@ -223,19 +223,20 @@ class SweepRun:
             progress.started(job.cell_id, job.cell)
             self.sink.started(job.cell_id, job.cell)
 
+        interrupts = SignalInterrupts()
         try:
-            with sigterm_interrupts(), progress.shown():
+            with interrupts, progress.shown():
                 scheduler.run(jobs, self.record, started, self.pruner.admit)
-        except KeyboardInterrupt as exc:
+        except KeyboardInterrupt:
             with interrupts_ignored():
                 killed = scheduler.kill_all()
                 self.sink.interrupt([(job.cell_id, job.cell) for job in killed])
                 self.journal.write_end("KILLED", progress.counts_by_status())
             self.say(
-                f"\ninterrupted ({exc or 'SIGINT'}): {len(killed)} running cells killed; {len(self.results)} "
+                f"\ninterrupted ({interrupts.name}): {len(killed)} running cells killed; {len(self.results)} "
                 f"results kept in {self.journal.path}. Run the same command again to resume."
             )
-            return 143 if isinstance(exc, Interrupted) else 130
+            return interrupts.exit_code
         return None
 
 
