@@ -12,12 +12,11 @@ import contextlib
 import importlib
 import os
 import time
-from typing import Any
 
 import cloudpickle
 import ray
 
-from kvsweep.cell.gate import gate_path, host_gate
+from kvsweep.cell.gate import GatedRun, gate_path, host_gate
 from kvsweep.cell.host_oom import oom_kills
 from kvsweep.cell.process_clock import process_started_at
 
@@ -55,7 +54,6 @@ class CellActor:
         self.timeline: dict[str, float] = {"requested_at": requested_at}
         self.timeline["process_started_at"] = process_started_at()
         self.timeline["actor_init_at"] = time.time()
-        self._measuring: Any = None
         self._gated = gated
         if prepare:
             with host_gate(self._gate_path(), exclusive=True) if gated else contextlib.nullcontext():
@@ -72,8 +70,6 @@ class CellActor:
         result = (
             self._forked(cell, protocol, testing, options) if forked else self._here(cell, protocol, testing, options)
         )
-        if self._measuring is not None:  # the cell failed inside its measured phase
-            self._measuring.__exit__(None, None, None)
         context = ray.get_runtime_context()
         ended_at = time.time()
         self.timeline["returned_at"] = ended_at
@@ -87,15 +83,9 @@ class CellActor:
         return result
 
     def _here(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
-        if testing.get("runner"):
-            module, _, function = testing["runner"].partition(":")
-            runner = getattr(importlib.import_module(module), function)
-            self.timeline["imported_at"] = time.time()
-            return runner(cell, protocol, testing)
-        from kvsweep.cell.run import run_cell
-
-        self.timeline["imported_at"] = time.time()
-        return run_cell(cell, protocol, testing.get("faults", []), on_phase=self._phase, **options)
+        """Measure in this actor's own process, its measured phase under the host's gate."""
+        gate = GatedRun(self._gate_path() if self._gated else "", self.timeline)
+        return gate.run(cell, protocol, testing, options)
 
     def _forked(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
         """Measure in a fresh process forked from this node's template; it dies with this actor."""
@@ -134,13 +124,3 @@ class CellActor:
 
     def _gate_path(self) -> str:
         return gate_path(ray.get_runtime_context().get_session_name())
-
-    def _phase(self, name: str) -> None:
-        self.timeline[f"{name}_at"] = time.time()
-        if name == "measuring" and self._gated:  # wait until no spare imports on this host, then keep them out
-            self._measuring = host_gate(self._gate_path(), exclusive=False)
-            self._measuring.__enter__()
-            self.timeline["gate_passed_at"] = time.time()
-        elif name == "measured" and self._measuring is not None:
-            self._measuring.__exit__(None, None, None)
-            self._measuring = None

@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import torch  # noqa: E402  (the preload: what a fresh process would spend secon
 import transformers  # noqa: E402, F401
 
 import kvsweep.cell.run  # noqa: E402, F401
-from kvsweep.cell.gate import host_gate  # noqa: E402
+from kvsweep.cell.gate import GatedRun  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402
 
@@ -70,7 +69,8 @@ def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
     take_on_machine_view(request["env"], request.get("cpus"))
     watch_owner(request["owner_pid"])
     timeline = {"imported_at": started_at}  # nothing to import: the template did
-    result = run_request(request, timeline)
+    gate = GatedRun(request.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
+    result = gate.run(request["cell"], request["protocol"], request["testing"], request["options"])
     result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
     conn.send(result)
     conn.close()
@@ -98,18 +98,6 @@ def take_on_machine_view(env: dict[str, str | None], cpus: list[int] | None) -> 
     torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0)))
 
 
-def run_request(request: dict[str, Any], timeline: dict[str, float]) -> dict[str, Any]:
-    testing, options = request["testing"], request["options"]
-    on_phase = gate_phases(request.get("gate_path", ""), timeline)
-    if testing.get("runner"):
-        module, _, function = testing["runner"].partition(":")
-        runner = getattr(importlib.import_module(module), function)
-        return runner(request["cell"], request["protocol"], testing)
-    from kvsweep.cell.run import run_cell
-
-    return run_cell(request["cell"], request["protocol"], testing.get("faults", []), on_phase=on_phase, **options)
-
-
 def watch_owner(pid: int) -> None:
     """Die with the cell's actor: when Ray kills it (timeout, Ctrl-C), this process must not go on."""
 
@@ -135,25 +123,3 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-
-
-def gate_phases(path: str, timeline: dict[str, float]) -> Callable[[str], None]:
-    """The host's gate in the forked process: its measured phase holds it shared (see `cell/actor.py`).
-    Each phase's time goes into `timeline`, as the actor records it when it measures itself."""
-    held: list[Any] = []
-
-    def on_phase(name: str) -> None:
-        timeline[f"{name}_at"] = time.time()
-        if not path:
-            if name == "measuring":
-                timeline["gate_passed_at"] = timeline["measuring_at"]  # no gate: passed at once
-            return
-        if name == "measuring":
-            gate = host_gate(path, exclusive=False)
-            gate.__enter__()
-            held.append(gate)
-            timeline["gate_passed_at"] = time.time()
-        elif name == "measured" and held:
-            held.pop().__exit__(None, None, None)
-
-    return on_phase

@@ -1,6 +1,6 @@
 """After the measurement: does this cache give the answers the dynamic cache gives, on the same inputs?"""
 
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -9,36 +9,38 @@ from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
 from kvsweep.measure.summary import token_agreement
-from kvsweep.names import ResultTag
-from kvsweep.results import CellResult
+
+
+@dataclass(frozen=True)
+class QualityCheck:
+    metrics: dict[str, float] = field(default_factory=dict)  # agreement and KL; empty when not measured
+    forward: str = ""  # the forward the KL used: compiled | eager ("" when nothing was compared)
+    not_measured: str = ""  # why there are no metrics (the `kvsweep.quality` tag)
 
 
 def quality_or_nothing(
-    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, result: CellResult
-) -> dict[str, float]:
+    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int
+) -> QualityCheck:
     """The quality check runs after the measurement: if its extra calls do not fit (a dynamic baseline
     where only a lean cache fits is the very case), the cell keeps its numbers and says why."""
     try:
-        return _quality(session, strategy, tokens, vocab, result.environment)
+        return _quality(session, strategy, tokens, vocab)
     except Exception as exc:
         if not out_of_memory(exc, "cuda" if session.cuda else "cpu"):
             raise
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        result.tags[ResultTag.QUALITY] = f"not measured: the quality check ran out of memory ({type(exc).__name__})"
-        return {}
+        return QualityCheck(not_measured=f"not measured: the quality check ran out of memory ({type(exc).__name__})")
 
 
-def _quality(
-    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, environment: dict[str, Any]
-) -> dict[str, float]:
+def _quality(session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int) -> QualityCheck:
     """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL.
 
     Both compare the strategy as configured (a compiled cell's compiled forward): the question is what
     serving with this cache would produce. The dynamic baseline always runs eager.
     """
     if strategy.name == BASELINE:
-        return token_agreement(tokens, tokens)
+        return QualityCheck(token_agreement(tokens, tokens))
     dynamic = get_strategy(BASELINE)
     rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
     with session.eager():
@@ -47,5 +49,4 @@ def _quality(
     compiled_before = session.compiled_calls
     kl = teacher_forced_kl(lambda p: session.generate_with(strategy, p), baseline, reference, prompt_length)
     compiled = session.compiled_calls > compiled_before or (session.cell.compile and session.cuda)
-    environment["quality_forward"] = "compiled" if compiled else "eager"
-    return {**token_agreement(tokens, baseline), **kl}
+    return QualityCheck({**token_agreement(tokens, baseline), **kl}, "compiled" if compiled else "eager")

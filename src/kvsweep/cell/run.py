@@ -9,6 +9,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_no
 from kvsweep.cell.environment import describe_environment
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.cell.oom import out_of_memory
-from kvsweep.cell.quality_check import quality_or_nothing
+from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
@@ -66,9 +67,9 @@ def run_cell(
     )
     torch.set_num_threads(threads.count)
     warnings.filterwarnings("ignore")
-    result = CellResult(cell_id(cell, protocol), cell, OK)
-    result.environment = describe_environment(protocol.device)  # its torch_threads: the count set above
-    result.environment["threads_from"] = threads.source
+    environment = describe_environment(protocol.device)  # its torch_threads: the count set above
+    environment["threads_from"] = threads.source
+    result = CellResult(cell_id(cell, protocol), cell, OK, environment=environment)
     try:
         _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
     except Exception as exc:
@@ -109,12 +110,17 @@ def _measure(
     result: CellResult,
     on_phase: Callable[[str], None],
 ) -> None:
+    """The one place that writes the cell's result: each step returns what it found, written here as it
+    comes, so what was found before a step that fails (the load time, the compiled graphs, the noise
+    verdict) stays on the failed cell."""
     strategy = get_strategy(cell.cache)
     device = protocol.device
-    loaded = _load(cell, protocol, trust_remote_code, result, on_phase)
-    if loaded is None:
+    loaded = _load(cell, protocol, trust_remote_code, on_phase)
+    if isinstance(loaded, str):
+        result.status, result.error = SKIPPED, loaded
         return
-    model, shape = loaded
+    result.metrics[Metric.MODEL_LOAD_S] = loaded.seconds
+    model, shape = loaded.model, loaded.shape
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
@@ -143,80 +149,107 @@ def _measure(
     for sample in phase.kept:
         check_cache(strategy, sample.call, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
-    _record_noise(result, phase, host, sharing if session_on_cuda(device) else None)
-    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size, result)
-    _record_numbers(result, first, phase, quality, model, shape, bandwidth)
+    _write(result, _noise(phase, host, sharing if session_on_cuda(device) else None))
+    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size)
+    _write(result, _quality_found(quality))
+    _write(result, _numbers(cell, first, phase, quality.metrics, model, shape, bandwidth))
     if cell.compile:
         result.metrics[Metric.COMPILE_RECAPTURES] = float(recaptures)
         check_no_recapture(recaptures)  # after recording: the numbers stay, the cell fails
 
 
-def _record_numbers(
-    result: CellResult,
+@dataclass(frozen=True)
+class Found:
+    """What one step found, for the cell's result."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)
+
+
+def _write(result: CellResult, found: Found) -> None:
+    result.metrics.update(found.metrics)
+    result.tags.update(found.tags)
+    result.environment.update(found.environment)
+    result.samples.update(found.samples)
+
+
+def _numbers(
+    cell: Cell,
     first: MeasuredCall,
     phase: MeasuredPhase[MeasuredCall],
     quality: dict[str, float],
     model: torch.nn.Module,
     shape: KvShape,
     bandwidth: Bandwidth,
-) -> None:
+) -> Found:
     """The contract's metrics, the checks' tags and the raw samples behind them."""
-    cell = result.cell
     strategy = get_strategy(cell.cache)
     runs = [sample.call for sample in phase.kept]
-    result.metrics.update(summarize_runs([(r.times, r.peak) for r in runs], cell))
-    result.metrics.update(quality)
-    result.metrics[Metric.FIRST_CALL_MS] = first.times.e2e_ms
     kv = runs[-1].kv_bytes
-    result.metrics[Metric.KV_CACHE_BYTES] = float(kv.total)
-    result.metrics[Metric.KV_CACHE_DEVICE_BYTES] = float(kv.device)
-    result.metrics[Metric.KV_CACHE_HOST_BYTES] = float(kv.host)
-    result.metrics[Metric.KV_CACHE_BYTES_DENSE] = float(cell_dense_kv_bytes(cell, shape))
+    metrics = {
+        **summarize_runs([(r.times, r.peak) for r in runs], cell),
+        **quality,
+        Metric.FIRST_CALL_MS: first.times.e2e_ms,
+        Metric.KV_CACHE_BYTES: float(kv.total),
+        Metric.KV_CACHE_DEVICE_BYTES: float(kv.device),
+        Metric.KV_CACHE_HOST_BYTES: float(kv.host),
+        Metric.KV_CACHE_BYTES_DENSE: float(cell_dense_kv_bytes(cell, shape)),
+    }
     read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
     )
-    result.metrics.update(bandwidth_metrics(read_per_token, result.metrics[Metric.TPOT_MS], bandwidth))
-    result.tags.update(cell_tags(runs, result.metrics, bandwidth))
-    result.samples = {
+    metrics.update(bandwidth_metrics(read_per_token, metrics[Metric.TPOT_MS], bandwidth))
+    samples = {
         "first_call": _call_samples(first),
         "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
     }
+    return Found(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
 
 
-def _record_noise(
-    result: CellResult, phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None
-) -> None:
+def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> Found:
     """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
     gpu_seen = gpu_verdict(gpu.verdict, sorted(gpu.seen)) if gpu is not None else None
-    result.tags[ResultTag.CONTENDED], result.tags[ResultTag.CONTENTION] = merge(host.verdict(), gpu_seen)
+    contended, contention = merge(host.verdict(), gpu_seen)
+    tags = {ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention}
     if phase.target_met is not None:
-        result.tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
-    if gpu is not None and gpu.seen:
-        result.environment["gpu_other_pids"] = ",".join(map(str, sorted(gpu.seen)))
-    result.metrics.update(host.metrics())
-    result.metrics[Metric.DISCARDED_CALLS] = float(len(phase.discarded))
+        tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
+    environment = {"gpu_other_pids": ",".join(map(str, sorted(gpu.seen)))} if gpu is not None and gpu.seen else {}
+    metrics = {**host.metrics(), Metric.DISCARDED_CALLS: float(len(phase.discarded))}
+    return Found(metrics, tags, environment)
+
+
+def _quality_found(quality: QualityCheck) -> Found:
+    tags = {ResultTag.QUALITY: quality.not_measured} if quality.not_measured else {}
+    return Found(tags=tags, environment={"quality_forward": quality.forward} if quality.forward else {})
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: torch.nn.Module
+    shape: KvShape
+    seconds: float  # building it (`model_load_s`)
 
 
 def _load(
-    cell: Cell, protocol: MeasureProtocol, trust_remote_code: bool, result: CellResult, on_phase: Callable[[str], None]
-) -> tuple[Any, KvShape] | None:
-    """The cell's model on its device, or None when the cell turns out to be skipped (result says why)."""
+    cell: Cell, protocol: MeasureProtocol, trust_remote_code: bool, on_phase: Callable[[str], None]
+) -> Loaded | str:
+    """The cell's model on its device, or why the cell is skipped (found before or after building it)."""
     device = protocol.device
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
     reason = skip_reason(cell, device, None, package_installed)
-    if reason is None:
-        loaded_at = time.perf_counter()
-        model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
-        result.metrics[Metric.MODEL_LOAD_S] = time.perf_counter() - loaded_at
-        on_phase("built")
-        shape = kv_shape(model.config)
-        reason = skip_reason(cell, device, shape, package_installed)
     if reason is not None:
-        result.status, result.error, result.metrics = SKIPPED, reason, {}
-        return None
-    return model, shape
+        return reason
+    loaded_at = time.perf_counter()
+    model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
+    seconds = time.perf_counter() - loaded_at
+    on_phase("built")
+    shape = kv_shape(model.config)
+    reason = skip_reason(cell, device, shape, package_installed)
+    return reason if reason is not None else Loaded(model, shape, seconds)
 
 
 def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:
