@@ -6,18 +6,19 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_end import finish
-from kvsweep.grid import cell_id
+from kvsweep.grid import MeasureProtocol, cell_id
 from kvsweep.model_names import display_names
 from kvsweep.models.presets import shape_only_tags
+from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
@@ -25,7 +26,12 @@ from kvsweep.testing.seams import Seams
 from kvsweep.tracking.journal import Journal, SweepHeader
 
 if TYPE_CHECKING:
+    from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
+    from kvsweep.driver.templates import Templates
+    from kvsweep.tracking.sink import MlflowSink
+
+T = TypeVar("T")
 
 
 def sweep_key(cfg: KvSweepConfig) -> str:
@@ -50,7 +56,6 @@ def run_sweep(
     session = ray_session.connect(cfg.ray.address)  # the tracking URI was made absolute before this
     try:
         sweep.connect(session)
-        sweep.launch_templates()
         sweep.plan()
         sweep.open_tracking()
         sweep.prebuild()
@@ -61,17 +66,86 @@ def run_sweep(
         ray_session.shutdown(session)
 
 
+class StageNotRun(RuntimeError):
+    """A stage of the sweep asked for what an earlier stage produces before that stage ran."""
+
+
+@dataclass(frozen=True)
+class Connected:
+    """What `connect` produces: the cluster, the device cells run on, what each cell needs, the templates."""
+
+    session: "RaySession"
+    device: str
+    needs: "CellNeeds"
+    templates: "Templates | None"  # None: ray.fork_cells=false, each cell measures in its own actor
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What `plan` produces (`prebuild` replaces it with the cells its native builds changed)."""
+
+    protocol: MeasureProtocol
+    cells: list[PlannedCell]
+    problems: dict[str, str]  # model -> why none of its cells can run
+
+    @property
+    def by_id(self) -> dict[str, PlannedCell]:
+        return {cell_id(p.cell, self.protocol): p for p in self.cells}
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """What `open_tracking` produces: the journal, the MLflow sink, and the results MLflow already has."""
+
+    header: SweepHeader
+    journal: Journal
+    sink: "MlflowSink"
+    done: dict[str, CellResult]  # by cell id: resumed, not run again
+
+
+def produced(value: T | None, stage: str) -> T:
+    """What `SweepRun.<stage>()` produced; asking before it ran is a mistake in the stages' order."""
+    if value is None:
+        raise StageNotRun(f"SweepRun.{stage}() has not run yet: run_sweep runs the stages in order")
+    return value
+
+
 class SweepRun:
-    """What the stages share: the config, where results go, and the results so far."""
+    """What the stages share: the config, where results go, what each stage produced, the results so far.
+
+    Each stage's product is declared here, empty until the stage runs; a stage that asks for an
+    earlier stage's product too soon raises `StageNotRun`, naming the stage.
+    """
 
     def __init__(self, cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO, seams: Seams) -> None:
         from kvsweep.tracking.urls import default_tracking_uri
 
         self.cfg, self.config_yaml, self.run_dir, self.out, self.seams = cfg, config_yaml, run_dir, out, seams
         self.tracking_uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts
-        self.progress: SweepProgress | None = None  # once cells are planned; messages then print above it
         self.results: list[CellResult] = []
         self.pruner = OomPruner(cfg.infer_oom)
+        self._connected: Connected | None = None
+        self._planned: Planned | None = None
+        self._tracking: Tracking | None = None
+        self.progress: SweepProgress | None = None  # from `queue`; messages then print above it
+        self._by_id: dict[str, PlannedCell] = {}
+
+    @property
+    def connected(self) -> Connected:
+        return produced(self._connected, "connect")
+
+    @property
+    def planned(self) -> Planned:
+        return produced(self._planned, "plan")
+
+    @property
+    def tracking(self) -> Tracking:
+        return produced(self._tracking, "open_tracking")
+
+    @property
+    def queued(self) -> SweepProgress:
+        """The progress display `queue` starts (it counts the results as they come)."""
+        return produced(self.progress, "queue")
 
     def say(self, text: str) -> None:
         if self.progress is None:
@@ -79,117 +153,117 @@ class SweepRun:
         else:
             self.progress.say(redact_text(text))
 
-    def connect(self, session: Any) -> None:
-        """The device cells run on, and what each needs from the cluster (checked to fit)."""
+    def connect(self, session: "RaySession") -> None:
+        """The device cells run on, and what each needs from the cluster (checked to fit). The warm
+        templates start importing now, overlapping the plan and MLflow; the first cell waits for them."""
         from kvsweep.driver import ray_session
+        from kvsweep.driver.templates import launch_templates
 
-        self.session = session
-        self.device = ray_session.resolve_device(self.cfg.device, session)
+        device = ray_session.resolve_device(self.cfg.device, session)
         ray_cfg = self.cfg.ray
-        self.needs = ray_session.CellNeeds(
-            gpus=ray_cfg.gpus_per_cell if self.device == "cuda" else 0,
+        needs = ray_session.CellNeeds(
+            gpus=ray_cfg.gpus_per_cell if device == "cuda" else 0,
             cpus=ray_cfg.cpus_per_cell,
             accelerator_type=ray_cfg.accelerator_type,
             resources=dict(ray_cfg.resources),
         )
-        ray_session.check_fits(self.needs)
-
-    def launch_templates(self) -> None:
-        """Warm templates start importing now, overlapping the plan and MLflow; the first cell waits."""
-        from kvsweep.driver.templates import launch_templates
-
-        self.templates = launch_templates() if self.cfg.ray.fork_cells else None
+        ray_session.check_fits(needs)
+        self._connected = Connected(session, device, needs, launch_templates() if ray_cfg.fork_cells else None)
 
     def plan(self) -> None:
-        self.protocol = protocol_of(self.cfg.measure, self.device)
-        self.planned, self.problems = plan_sweep(self.cfg, self.device)
-        self.planned_by_id = {cell_id(p.cell, self.protocol): p for p in self.planned}
+        device = self.connected.device
+        cells, problems = plan_sweep(self.cfg, device)
+        self._set_plan(Planned(protocol_of(self.cfg.measure, device), cells, problems))
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "plan.txt").write_text(redact_text(plan_text(self.planned, self.problems, self.device)))
+        (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device)))
+
+    def _set_plan(self, planned: Planned) -> None:
+        self._planned, self._by_id = planned, planned.by_id
 
     def open_tracking(self) -> None:
         """The journal first (results are on disk before MLflow sees them), then the MLflow sink."""
         from kvsweep.tracking.client import SweepTracker
         from kvsweep.tracking.sink import MlflowSink
 
-        cfg = self.cfg
+        cfg, device, planned = self.cfg, self.connected.device, self.planned
         params = {
             "name": cfg.name,
-            "cells": len(self.planned),
-            "device": self.device,
+            "cells": len(planned.cells),
+            "device": device,
             "trust_remote_code": cfg.trust_remote_code,
             **{f"measure.{k}": v for k, v in asdict(cfg.measure).items()},
             **{f"report.{k}": v for k, v in asdict(cfg.report).items()},
         }
-        self.header = SweepHeader(
+        header = SweepHeader(
             cfg.name,
             sweep_key(cfg),
             cfg.mlflow.experiment,
             redact_uri(self.tracking_uri),  # on disk without credentials; `sync` gets them from MLflow's variables
-            self.device,
+            device,
             self.config_yaml,
             params,
             model_names=display_names(cfg.grid.models),
         )
-        self.journal = Journal(self.run_dir)
-        self.journal.write_header(self.header)
-        self.sink = MlflowSink(
-            SweepTracker(self.tracking_uri, self.header.experiment), self.journal, self.header, self.say
-        )
-        self.done = self.sink.open(resume=not cfg.rerun)
+        journal = Journal(self.run_dir)
+        journal.write_header(header)
+        sink = MlflowSink(SweepTracker(self.tracking_uri, header.experiment), journal, header, self.say)
+        self._tracking = Tracking(header, journal, sink, sink.open(resume=not cfg.rerun))
         self.say(
-            f"sweep {cfg.name}: {len(self.planned)} cells on {self.device}; "
+            f"sweep {cfg.name}: {len(planned.cells)} cells on {device}; "
             f"trust_remote_code={cfg.trust_remote_code}; "
-            f"MLflow {redact_uri(self.tracking_uri)} parent run {self.sink.parent_run_id or '(pending)'}"
+            f"MLflow {redact_uri(self.tracking_uri)} parent run {sink.parent_run_id or '(pending)'}"
         )
 
     def prebuild(self) -> None:
         """Native extensions the pending cells need (quanto's CUDA kernels) are built now, once per node."""
         from kvsweep.driver.native_builds import prebuild
 
-        pending = [p for p in self.planned if cell_id(p.cell, self.protocol) not in self.done]
-        after = dict(zip(map(id, pending), prebuild(pending, self.device, self.say), strict=True))
-        self.planned = [after.get(id(p), p) for p in self.planned]
-        self.planned_by_id = {cell_id(p.cell, self.protocol): p for p in self.planned}
+        planned, done = self.planned, self.tracking.done
+        pending = [p for p in planned.cells if cell_id(p.cell, planned.protocol) not in done]
+        after = dict(zip(map(id, pending), prebuild(pending, self.connected.device, self.say), strict=True))
+        self._set_plan(replace(planned, cells=[after.get(id(p), p) for p in planned.cells]))
 
     def queue(self) -> list["Job"]:
         """Resume what has results, record what will not run, and queue the rest (small cells first)."""
         from kvsweep.driver.scheduler import Job
 
-        to_run = sum(p.runs and p.cell.model not in self.problems for p in self.planned)
-        self.progress = SweepProgress(len(self.planned), to_run, self.out, self.header.model_names)
+        planned, tracking = self.planned, self.tracking
+        done, problems = tracking.done, planned.problems
+        to_run = sum(p.runs and p.cell.model not in problems for p in planned.cells)
+        progress = SweepProgress(len(planned.cells), to_run, self.out, tracking.header.model_names)
+        self.progress = progress
         jobs: list[Job] = []
-        for p in self.planned:
-            cid = cell_id(p.cell, self.protocol)
-            if cid in self.done:
-                self.results.append(self.done[cid])
-                self.pruner.observe(self.done[cid])
-                self.progress.resumed(self.done[cid], counts_as_run=p.runs)
-            elif p.cell.model in self.problems:
-                self.record(CellResult(cid, p.cell, ERROR, error=self.problems[p.cell.model]), ran=False)
+        for p in planned.cells:
+            cid = cell_id(p.cell, planned.protocol)
+            if cid in done:
+                self.results.append(done[cid])
+                self.pruner.observe(done[cid])
+                progress.resumed(done[cid], counts_as_run=p.runs)
+            elif p.cell.model in problems:
+                self.record(CellResult(cid, p.cell, ERROR, error=problems[p.cell.model]), ran=False)
             elif not p.runs:
                 self.record(CellResult(cid, p.cell, SKIPPED, error=p.skip_reason or ""), ran=False)
             else:
                 jobs.append(Job(cid, p.cell))
-        if self.done:
+        if done:
             self.say(
-                f"resuming: {len(self.done)} of {len(self.planned)} cells already have results in parent run "
-                f"{self.sink.parent_run_id}; rerun=true starts afresh"
+                f"resuming: {len(done)} of {len(planned.cells)} cells already have results in parent run "
+                f"{tracking.sink.parent_run_id}; rerun=true starts afresh"
             )
         return sorted(jobs, key=size_order)  # small before large, so an OOM can spare the larger cells
 
     def record(self, result: CellResult, ran: bool = True) -> None:
         """One result: redacted, journaled (on disk before MLflow sees it), then sent and shown."""
-        assert self.progress is not None
-        result.metrics.update(predicted_metrics(self.planned_by_id[result.cell_id]))
+        progress, tracking = self.queued, self.tracking
+        result.metrics.update(predicted_metrics(self._by_id[result.cell_id]))
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
         self.results.append(result)
-        self.journal.append(result)
+        tracking.journal.append(result)
         self.pruner.observe(result)
-        self.sink.finished(result)
-        self.progress.finished(result, ran)
+        tracking.sink.finished(result)
+        progress.finished(result, ran)
 
     def schedule(self, jobs: list["Job"]) -> int | None:
         """Runs the queued cells; on SIGINT/SIGTERM kills them, keeps what finished, returns the exit code."""
@@ -197,12 +271,12 @@ class SweepRun:
         from kvsweep.driver.ray_session import send_strategies_by_value
         from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
-        assert self.progress is not None
-        progress, ray_cfg = self.progress, self.cfg.ray
+        progress, ray_cfg, connected, tracking = self.queued, self.cfg.ray, self.connected, self.tracking
+        sink, journal = tracking.sink, tracking.journal
         limits = Limits(
-            needs=self.needs,
+            needs=connected.needs,
             max_concurrent=max_concurrent(
-                ray_cfg.max_concurrent, self.device, self.session.gpus, ray_cfg.gpus_per_cell
+                ray_cfg.max_concurrent, connected.device, connected.session.gpus, ray_cfg.gpus_per_cell
             ),
             cell_timeout_s=ray_cfg.cell_timeout_s,
             max_retries=ray_cfg.max_retries,
@@ -214,14 +288,14 @@ class SweepRun:
             "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         }
         scheduler = CellScheduler(
-            self.protocol.to_dict(), limits, self.seams.to_dict(), options, templates=self.templates
+            self.planned.protocol.to_dict(), limits, self.seams.to_dict(), options, templates=connected.templates
         )
         if scheduler.template_problem:
             self.say(f"no warm template ({scheduler.template_problem}); each cell imports in its own process")
 
         def started(job: Job) -> None:
             progress.started(job.cell_id, job.cell)
-            self.sink.started(job.cell_id, job.cell)
+            sink.started(job.cell_id, job.cell)
 
         interrupts = SignalInterrupts()
         try:
@@ -230,11 +304,11 @@ class SweepRun:
         except KeyboardInterrupt:
             with interrupts_ignored():
                 killed = scheduler.kill_all()
-                self.sink.interrupt([(job.cell_id, job.cell) for job in killed])
-                self.journal.write_end("KILLED", progress.counts_by_status())
+                sink.interrupt([(job.cell_id, job.cell) for job in killed])
+                journal.write_end("KILLED", progress.counts_by_status())
             self.say(
                 f"\ninterrupted ({interrupts.name}): {len(killed)} running cells killed; {len(self.results)} "
-                f"results kept in {self.journal.path}. Run the same command again to resume."
+                f"results kept in {journal.path}. Run the same command again to resume."
             )
             return interrupts.exit_code
         return None

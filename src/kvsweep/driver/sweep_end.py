@@ -19,21 +19,21 @@ def finish(sweep: "SweepRun") -> int:
     """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
     from kvsweep.tracking.urls import compare_url, runs_url
 
-    results, run_dir, say, sink = sweep.results, sweep.run_dir, sweep.say, sweep.sink
-    assert sweep.progress is not None
+    results, run_dir, say, tracking = sweep.results, sweep.run_dir, sweep.say, sweep.tracking
+    sink, journal = tracking.sink, tracking.journal
     table = write_tables(results, run_dir)
-    counts = sweep.progress.counts_by_status()
-    sweep.journal.write_end("FINISHED", counts)
+    counts = sweep.queued.counts_by_status()
+    journal.write_end("FINISHED", counts)
     selection = _write_report(sweep)
     unsent = sink.close("FINISHED", counts)
     say(f"\n{table}\n")
     if selection:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
     uri = sweep.tracking_uri
-    say(f"MLflow: {redact_uri(uri)}  experiment {sweep.header.experiment!r}  parent run {sink.parent_run_id}")
+    say(f"MLflow: {redact_uri(uri)}  experiment {tracking.header.experiment!r}  parent run {sink.parent_run_id}")
     if unsent:
         say(
-            f"  MLflow could not take every result; they are safe in {sweep.journal.path}. Send them with:\n"
+            f"  MLflow could not take every result; they are safe in {journal.path}. Send them with:\n"
             f"  python -m kvsweep sync {run_dir}"
         )
     else:
@@ -47,7 +47,7 @@ def finish(sweep: "SweepRun") -> int:
 
 def _write_report(sweep: "SweepRun") -> str:
     """The report folder in the run folder (the sink logs it on the parent); returns the short selection."""
-    results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.sink, sweep.say
+    results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
     from kvsweep.report.write import ReportContext, settings_from, write_report
     from kvsweep.tracking.urls import run_url
 
