@@ -1,6 +1,6 @@
 """MLflow operations of the driver (the only writer): one parent run per sweep, one child run per cell.
 
-Names follow DESIGN.md's contract so MLflow's chart and compare views work without cleanup:
+Names follow the contract in `names.py` so MLflow's chart and compare views work without cleanup:
 axes as params, numbers as metrics, status and identity as tags. Every method may raise when MLflow
 is unreachable; `sink.py` decides what to do about it.
 """
@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlflow import MlflowClient, entities
+from mlflow import entities
 from mlflow.entities import Param, Run
+from mlflow.exceptions import MlflowException
 
 from kvsweep.grid import Cell, cell_label
 from kvsweep.names import (
@@ -29,6 +30,7 @@ from kvsweep.names import (
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.readback import child_runs, latest_sweep
+from kvsweep.tracking.store import open_client
 from kvsweep.tracking.view import group_keys_from_config, save_compare_view
 
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries
@@ -49,16 +51,28 @@ class SweepTracker:
             os.environ.setdefault(key, value)
         self.tracking_uri = tracking_uri
         self.experiment = experiment
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = open_client(tracking_uri)  # a fresh sqlite store gets its tables now (`store.py`)
         self._experiment_id = ""
 
     @property
     def experiment_id(self) -> str:
-        """Looked up (or created) on first use, so a tracker can exist while MLflow is down."""
+        """Looked up (or created) on first use, so a tracker can exist while MLflow is down; another sweep
+        may create the experiment at the same time."""
         if not self._experiment_id:
-            found = self.client.get_experiment_by_name(self.experiment)
-            self._experiment_id = found.experiment_id if found else self.client.create_experiment(self.experiment)
+            self._experiment_id = self._find_or_create_experiment()
         return self._experiment_id
+
+    def _find_or_create_experiment(self) -> str:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(self.experiment)
+        except MlflowException:  # another sweep created it a moment ago
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is None:
+                raise
+            return found.experiment_id
 
     # -- the sweep's parent run
     def find_sweep(self, sweep_key: str) -> str | None:

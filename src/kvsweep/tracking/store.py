@@ -1,0 +1,71 @@
+"""Opening the MLflow store a sweep writes to, when it may not exist yet.
+
+MLflow makes a fresh sqlite store's tables the first time a process opens it, with no lock: two
+processes doing so at once (a sweep and `mlflow ui`, two sweeps in one folder) run into each other's
+half-made schema and one fails (`table experiments already exists`, `duplicate column name`, an
+out-of-date schema). kvsweep's own processes take turns (a lock file per store in the temporary
+folder); one that collides with another program waits and opens it again, once that program has
+made the tables.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+
+from mlflow import MlflowClient
+
+OPEN_ATTEMPTS = 6
+OPEN_WAIT_S = 0.5  # times the attempt: 0.5 s, 1 s, ... 7.5 s in all, for another program's schema
+
+
+def open_client(tracking_uri: str, attempts: int = OPEN_ATTEMPTS) -> MlflowClient:
+    """A client of the store; for a sqlite file, one that has made (or found) every table.
+
+    MLflow opens a sqlite store, and makes its tables, when the client is made; a server's store is
+    opened on the first request (nothing to wait for here: the server made its tables once).
+    """
+    if not tracking_uri.startswith("sqlite:"):
+        return MlflowClient(tracking_uri=tracking_uri)
+    with _turn(tracking_uri):
+        for attempt in range(1, attempts):
+            try:
+                return MlflowClient(tracking_uri=tracking_uri)
+            except Exception as exc:
+                if not schema_in_the_making(exc):
+                    raise
+                time.sleep(OPEN_WAIT_S * attempt)
+        return MlflowClient(tracking_uri=tracking_uri)  # the last attempt: what it raises, the caller sees
+
+
+def schema_in_the_making(exc: BaseException) -> bool:
+    """What MLflow raises when another process is making the same store's tables at the same moment."""
+    text = str(exc).lower()
+    return any(
+        sign in text
+        for sign in (
+            "already exists",
+            "duplicate column",
+            "database is locked",
+            "out-of-date database schema",
+            "no such table",
+            "unique constraint failed: alembic_version",
+            "online migration expected to match one row",  # alembic: another process moved the version
+        )
+    )
+
+
+@contextlib.contextmanager
+def _turn(tracking_uri: str) -> Iterator[None]:
+    """kvsweep's processes on this host open one store one at a time."""
+    digest = hashlib.sha256(tracking_uri.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"kvsweep-store-{digest}.lock")
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
