@@ -56,7 +56,8 @@ THREADS = len(os.sched_getaffinity(0))
 MAX_SPREAD = 2.0  # a cell whose per-run TTFT or TPOT max/min exceeds this is rerun
 MAX_RERUNS = 2
 WALL_TARGET = 0.33  # kvsweep's whole-set wall time against optimum-benchmark's
-# A set that installs cleanly (see /work/shared/notes/peer-optimum-benchmark.md); torch first so pip
+# A set that installs cleanly (`pip check` passes; optimum-benchmark 0.6.0 does not import with
+# transformers 5.x, and needs `optimum` itself installed beside optimum-quanto); torch first so pip
 # takes the local build (CPU here) instead of pulling a CUDA one to satisfy the others.
 PEER_TORCH = "torch==2.13.0"
 PEER_PINS = [

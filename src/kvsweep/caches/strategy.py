@@ -43,7 +43,7 @@ class Requirements:
 
 @dataclass(frozen=True)
 class Rollback:
-    """The domain brief's rollback order (seeds/), as it applies to one family of strategies."""
+    """The rollback order (`report/advice.py`), as it applies to one family of strategies."""
 
     on_oom: str
     on_error: str = (
