@@ -1,4 +1,12 @@
-"""Shared fixtures: one real local Ray instance for the whole run, real MLflow stores in tmp dirs."""
+"""Shared fixtures and the two test tiers.
+
+Fixtures: one real local Ray instance and one warm cell template for the whole run, real MLflow
+stores in tmp dirs, one plain MLflow server.
+
+Tiers: a test is `slow` when it uses a fixture that starts Ray or a server (`SLOW_FIXTURES`), or is
+marked so itself (a `python -m kvsweep` subprocess, Chromium, torch.compile). `pytest -m "not slow"`
+is the fast tier a developer runs after each change; plain `pytest` runs everything.
+"""
 
 import io
 import os
@@ -14,6 +22,29 @@ from kvsweep.driver.ray_session import QUIET_ENV
 for _key, _value in QUIET_ENV.items():
     os.environ.setdefault(_key, _value)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# Nothing in the suite may reach the Hugging Face Hub (unknown presets and missing paths would try).
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+# Fixtures that start Ray, a cell template, a sweep or a server: every test using one is `slow`.
+SLOW_FIXTURES = frozenset({"ray_cluster", "cell_template", "mlflow_server", "two_node_cluster"})
+_ray_started_by_fixture = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_ray(request):
+    """A test outside the slow tier that starts Ray itself is a tier mistake: fail it by name."""
+    yield
+    if request.node.get_closest_marker("slow") is None and not _ray_started_by_fixture and "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            pytest.fail(f"{request.node.nodeid} started Ray but is not marked slow (tests/conftest.py SLOW_FIXTURES)")
 
 # Small, fast settings every in-process sweep starts from; tests add their own overrides.
 FAST = [
@@ -33,9 +64,25 @@ FAST = [
 def ray_cluster():
     from kvsweep.driver import ray_session
 
+    global _ray_started_by_fixture
+    _ray_started_by_fixture = True
     session = ray_session.connect("")
     yield session
     ray_session.shutdown(session)
+
+
+@pytest.fixture(scope="session")
+def cell_template(ray_cluster):
+    """The node's warm template, kept alive for the whole run by this handle.
+
+    Ray collects a named actor once no handle refers to it: without this, each in-process sweep
+    would start its own template and re-import torch and Transformers. Sweeps find it by name.
+    """
+    from kvsweep.driver.templates import launch_templates
+
+    templates = launch_templates()
+    assert templates.wait() == "", templates.problem
+    return templates
 
 
 @dataclass
@@ -48,7 +95,7 @@ class SweepRun:
 
 
 @pytest.fixture
-def run_sweep(ray_cluster, tmp_path):
+def run_sweep(ray_cluster, cell_template, tmp_path):
     """Run `python -m kvsweep` in this process (sharing the session's Ray) with a tmp MLflow store."""
     from kvsweep.cli import main
 
@@ -93,6 +140,30 @@ def statuses(tracking_uri: str, *params: str, experiment: str = "kvsweep") -> di
         key = tuple(child.data.params[p] for p in params)
         by[key[0] if len(key) == 1 else key] = child.data.tags["kvsweep.status"]
     return by
+
+
+def wait_until(condition, what: str, process=None, timeout: float = 240) -> None:
+    """Poll `condition` (never a fixed sleep); fail naming `what` on timeout or when `process` ends first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the process ended before {what}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def cell_is_running(tracking_uri: str, **params: str) -> bool:
+    """A child run whose params equal `params` is RUNNING: the sweep has that cell in flight.
+
+    Only once the store exists (a first journaled result): reading creates a missing store.
+    """
+    _, children = cell_runs(tracking_uri)
+    return any(
+        c.info.status == "RUNNING" and all(c.data.params.get(k) == str(v) for k, v in params.items()) for c in children
+    )
 
 
 def free_port() -> int:

@@ -53,6 +53,7 @@ def test_a_model_that_ignores_cache_implementation_fails_the_cell(cacheless_mode
     assert dynamic["tags"]["kvsweep.cache_class"] == "DynamicCache/DynamicLayer"
 
 
+@pytest.mark.slow
 def test_compile_asked_but_not_done_fails_the_cell():
     """TORCHDYNAMO_DISABLE=1 makes torch.compile silently run eager; a fresh process, as each cell is."""
     script = (
@@ -66,6 +67,7 @@ def test_compile_asked_but_not_done_fails_the_cell():
     assert "compiled" in result["error"] and "eagerly" in result["error"], result["error"]
 
 
+@pytest.mark.slow
 def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
     result = run_cell(cell("static", compile=True), PROTO)
     assert result["status"] == "ok", result["error"]
@@ -81,6 +83,7 @@ def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
     assert eager["tags"]["kvsweep.cache_class"] == result["tags"]["kvsweep.cache_class"]
 
 
+@pytest.mark.slow
 def test_compiling_while_measured_fails_the_cell_and_keeps_its_numbers():
     """A fault drops the compiled graphs once per call, so each measured call compiles again."""
     protocol = {**PROTO, "repeats": 2}

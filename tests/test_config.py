@@ -81,6 +81,7 @@ def test_bad_config_is_one_line_exit_2(overrides, names, allowed, capsys):
     assert names in err and allowed in err
 
 
+@pytest.mark.slow
 def test_bad_config_fails_before_ray_starts(tmp_path):
     started = time.monotonic()
     proc = subprocess.run(

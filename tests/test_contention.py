@@ -36,6 +36,7 @@ def spinners(count: int) -> Iterator[None]:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_one_spinner_takes_one_cpu_of_the_cells_cpus():
     meter = HostMeter()
     with spinners(1):
@@ -47,6 +48,7 @@ def test_one_spinner_takes_one_cpu_of_the_cells_cpus():
     assert reading.resolution < 0.02
 
 
+@pytest.mark.slow
 def test_our_own_busy_loop_is_not_counted_as_others():
     meter = HostMeter()
     meter.start()
@@ -98,6 +100,7 @@ GUARDED = {
 }
 
 
+@pytest.mark.slow
 def test_a_cell_beside_spinners_is_re_measured_then_tagged_contended():
     with spinners(len(CPUS)):
         result = run_cell(CELL, GUARDED)
@@ -114,6 +117,7 @@ def test_a_cell_beside_spinners_is_re_measured_then_tagged_contended():
     assert len(samples["repeats"]) == metrics["repeats"] == 3
 
 
+@pytest.mark.slow
 def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_its_medians():
     result = run_cell(CELL, GUARDED)
     assert result["status"] == "ok", result["error"]
@@ -125,6 +129,7 @@ def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_i
         assert metrics[f"{name}_ci_low"] < metrics[f"{name}_ci_high"]
 
 
+@pytest.mark.slow
 def test_a_precision_target_is_measured_to_and_recorded():
     loose = GUARDED | {"target_rel_ci": 0.5, "max_repeats": 30}  # +-50%: any quiet cell gets there
     result = run_cell(CELL, loose)

@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import FAST
+import pytest
+
+from conftest import FAST, cell_is_running, wait_until
 from kvsweep.cell.template import CellTemplate
 from kvsweep.tracking.journal import Journal
 
@@ -26,6 +28,7 @@ def found_states(run) -> list[dict]:
     return [{**r.environment["found"], "template": r.environment.get("template", "")} for r in results]
 
 
+@pytest.mark.slow
 def test_the_template_preloads_without_initialising_cuda():
     template = CellTemplate()
     state = template.ready()
@@ -65,6 +68,7 @@ def _forked_processes() -> set[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_leaves_no_forked_process_behind(tmp_path):
     before = _forked_processes()
     hang = "+testing.faults=[{match: {cache: static}, fault: hang}]"
@@ -85,11 +89,11 @@ def test_a_killed_sweep_leaves_no_forked_process_behind(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (_forked_processes() - before):
-        time.sleep(0.5)
-    assert _forked_processes() - before, "no forked cell process appeared"
-    time.sleep(10)  # the hung cell is measuring in its forked process
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    journal = tmp_path / "a" / "journal.jsonl"
+    wait_until(lambda: journal.exists() and Journal(journal.parent).read().results, "the dynamic cell's result", proc)
+    wait_until(lambda: cell_is_running(uri, cache="static"), "the hung static cell", proc)
+    wait_until(lambda: _forked_processes() - before, "the hung cell's forked process", proc)
     proc.terminate()
     proc.communicate(timeout=60)
     deadline = time.monotonic() + 30

@@ -16,18 +16,19 @@ from kvsweep.plan.memory import estimate_peak
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
 CPU_CACHES = [n for n in cache_names() if not get_strategy(n).requires.cuda] + ["static@300"]
-# (context, new tokens, batch, dtype)
-SHAPES = [(100, 32, 1, "bfloat16"), (64, 32, 2, "bfloat16"), (130, 140, 1, "float32")]
+# (context, new tokens, batch, dtype); the fast tier runs every strategy on the first shape.
+SHAPES = [
+    pytest.param((100, 32, 1, "bfloat16"), id="ctx100-bf16"),
+    pytest.param((64, 32, 2, "bfloat16"), id="ctx64-batch2", marks=pytest.mark.slow),
+    pytest.param((130, 140, 1, "float32"), id="ctx130-new140-fp32-quantized-flush", marks=pytest.mark.slow),
+]
 
 
-@pytest.fixture(scope="module")
-def measured() -> dict[tuple, dict]:
-    out = {}
-    for context, new, batch, dtype in SHAPES:
-        for cache in CPU_CACHES:
-            cell = Cell("tiny-llama", dtype, context, batch, new, cache, False)
-            out[(cell, cache)] = run_cell(cell.to_dict(), PROTO)
-    return out
+@pytest.fixture(scope="module", params=SHAPES)
+def measured(request) -> dict[tuple, dict]:
+    context, new, batch, dtype = request.param
+    cells = [(Cell("tiny-llama", dtype, context, batch, new, cache, False), cache) for cache in CPU_CACHES]
+    return {(cell, cache): run_cell(cell.to_dict(), PROTO) for cell, cache in cells}
 
 
 def test_planner_kv_bytes_equal_the_measured_cache_for_every_strategy_and_shape(measured):

@@ -67,6 +67,7 @@ def test_a_plain_local_folder_is_read_from_its_files_alone(tmp_path, tied):
     assert not facts["transformers"] and not facts["torch"]
 
 
+@pytest.mark.slow
 def test_a_folder_with_custom_code_or_packed_weights_goes_through_transformers(tmp_path):
     parameters = _saved_model(tmp_path, tied=False)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from itertools import product
 
+import pytest
+
 from kvsweep.driver.ray_session import QUIET_ENV
 
 
@@ -77,6 +79,7 @@ print("RESULT " + json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_gpu_cells_hold_only_the_gpus_they_measure_on_while_cpu_cells_keep_their_spares():
     proc = subprocess.run(
         [sys.executable, "-c", HELD_WHILE_RUNNING],

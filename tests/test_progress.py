@@ -12,6 +12,8 @@ import termios
 import threading
 import time
 
+import pytest
+
 from conftest import FAST
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.grid import Cell
@@ -92,6 +94,7 @@ def _run_on_a_terminal(args: list[str], cwd, env) -> tuple[int, str]:
     return code, b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_terminal_draws_the_live_display(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "TERM": "xterm"}
     env.pop("MLFLOW_TRACKING_URI", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, cell_runs, free_port, start_mlflow_server, statuses, stop
+from conftest import FAST, cell_is_running, cell_runs, free_port, start_mlflow_server, statuses, stop, wait_until
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
 
@@ -92,6 +92,7 @@ def _wait_for_lines(journal: Path, count: int, proc: subprocess.Popen, timeout: 
     raise AssertionError(f"journal never reached {count} results")
 
 
+@pytest.mark.slow
 def test_driver_killed_with_sigkill_then_rerun_completes_without_duplicates(tmp_path):
     env = {**os.environ, **QUIET}
     hang = "+testing.faults=[{match: {cache: quantized-hqq-int4, context_length: 64}, fault: hang}]"
@@ -105,7 +106,8 @@ def test_driver_killed_with_sigkill_then_rerun_completes_without_duplicates(tmp_
         start_new_session=True,
     )
     _wait_for_lines(tmp_path / "a" / "journal.jsonl", 2, proc)
-    time.sleep(2)  # the hung cell is running now
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    wait_until(lambda: cell_is_running(uri, cache="quantized-hqq-int4", context_length=64), "the hung cell", proc)
     proc.kill()
     proc.wait(timeout=30)
     os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None  # Ray's processes with it
@@ -141,6 +143,7 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path, signum):
     env = {**os.environ, **QUIET}
@@ -154,7 +157,8 @@ def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path, signum
         text=True,
     )
     _wait_for_lines(tmp_path / "a" / "journal.jsonl", 1, proc)
-    time.sleep(8)  # the hung static cell is running
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    wait_until(lambda: cell_is_running(uri, cache="static", context_length=64), "the hung static cell", proc)
     sent = time.monotonic()
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
@@ -206,6 +210,7 @@ def test_sync_is_idempotent_and_reports_what_it_sent(run_sweep, capsys):
     assert main(["sync", str(run.run_dir.parent / "nope")]) == 2
 
 
+@pytest.mark.slow
 def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(tmp_path):
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
@@ -253,6 +258,7 @@ def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(tmp_path):
         stop(server)
 
 
+@pytest.mark.slow
 def test_host_ram_kill_by_rays_memory_monitor_is_host_oom(tmp_path):
     """A real kill: Ray's memory monitor with a threshold below what the node already uses."""
     env = {**os.environ, **QUIET, "RAY_memory_usage_threshold": "0.02", "RAY_memory_monitor_refresh_ms": "100"}

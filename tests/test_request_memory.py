@@ -10,6 +10,7 @@ import itertools
 import weakref
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from kvsweep.caches import get_strategy
@@ -40,6 +41,7 @@ def test_host_peaks_of_repeats_are_flat_not_one_cache_more_each_time():
     assert result["tags"]["kvsweep.host_peak"] == HWM  # the kernel's mark was reset and read back
 
 
+@pytest.mark.slow
 def test_a_growing_dynamic_cache_does_not_accumulate_across_repeats():
     """Allocator placement moves a dynamic cache's peak a little from call to call; it must not climb."""
     result = run_cell(tiny_cell("dynamic", context=1024, batch=16, new=8), PROTO)

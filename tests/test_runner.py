@@ -115,6 +115,7 @@ def test_unknown_model_is_an_error():
     assert result["status"] == "error"
 
 
+@pytest.mark.slow
 def test_compile_cost_lands_in_first_call_not_in_the_medians():
     compiled = run_cell(cell("static", context=64, batch=1, new=8, compile=True), PROTO)
     assert compiled["status"] == "ok", compiled["error"]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from conftest import cell_runs, free_port, start_mlflow_server, statuses, stop
@@ -32,6 +33,7 @@ CELL_METRICS = {
 }
 
 
+@pytest.mark.slow
 def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     """The user's command in a fresh process: its own local Ray, the default sqlite store in cwd."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -174,9 +176,11 @@ def _fast():
 
 
 def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
+    """No retry: that a timed-out cell is retried once is the scheduler's own test (test_driver_parts)."""
     run = run_sweep(
         "grid.caches=[dynamic,static]",
-        "ray.cell_timeout_s=20",
+        "ray.cell_timeout_s=12",
+        "ray.max_retries=0",
         "+testing.faults=[{match: {cache: static}, fault: hang}]",
     )
     assert statuses(run.tracking_uri, "cache") == {"dynamic": "ok", "static": "timeout"}

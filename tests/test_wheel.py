@@ -5,9 +5,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_installed_wheel_finds_conf_and_sweeps(tmp_path):
     subprocess.run(
         [
