@@ -8,7 +8,7 @@ import base64
 import html
 from pathlib import Path
 
-from kvsweep.report.markdown import Cell, decision_rows, evidence_rows
+from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
 
 STYLE = """
@@ -22,7 +22,7 @@ img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0 2em; }
 """
 
 
-def _cell(cell: Cell) -> str:
+def _cell(cell: TableCell) -> str:
     if isinstance(cell, tuple):
         text, url, after = cell
         return f'<a href="{html.escape(url)}">{html.escape(text)}</a>{html.escape(after)}'
@@ -35,13 +35,13 @@ def _bold(text: str) -> str:
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def _table(header: list[str], rows: list[list[Cell]], table_id: str) -> str:
+def _table(header: list[str], rows: list[list[TableCell]], table_id: str) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td{_num_class(c)}>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _num_class(cell: Cell) -> str:
+def _num_class(cell: TableCell) -> str:
     if isinstance(cell, str) and cell.replace(".", "", 1).replace("-", "", 1).replace("e", "", 1).isdigit():
         return ' class="num"'
     return ""

@@ -32,17 +32,17 @@ def _with_interval(metrics: dict[str, float], name: str) -> str:
     return f"{metrics[name]:.2f}{interval}"
 
 
-Cell = str | tuple[str, str, str]  # plain text, or (link text, url, text after the link)
+TableCell = str | tuple[str, str, str]  # in a report table: plain text, or (link text, url, text after the link)
 
 
-def _link(entry: Entry | None, links: dict[str, str], after: str = "") -> Cell:
+def _link(entry: Entry | None, links: dict[str, str], after: str = "") -> TableCell:
     if entry is None:
         return "-"
     url = links.get(entry.result.cell_id)
     return (entry.label, url, after) if url else entry.label + after
 
 
-def cell_markdown(cell: Cell) -> str:
+def cell_markdown(cell: TableCell) -> str:
     if isinstance(cell, tuple):
         text, url, after = cell
         return f"[{_escape(text)}]({url}){_escape(after)}"
@@ -53,7 +53,7 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
+def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[TableCell]]]:
     """Header and rows of the one-row-per-group table (shared by Markdown and HTML)."""
     settings = decisions[0].settings if decisions else None
     within = f"{settings.max_slowdown:.0%}" if settings else ""
@@ -87,7 +87,7 @@ def _pick_name(decision: Decision) -> str:
     return "pick of the tied" if decision.tied else "fastest"
 
 
-def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[Cell]]]:
+def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[TableCell]]]:
     """Every strategy of every group: its numbers, its cost against dynamic, flags and advice."""
     basis = decisions[0].memory_basis if decisions else Metric.KV_CACHE_BYTES
     header = [
@@ -129,7 +129,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     return header, rows
 
 
-def table(header: list[str], rows: list[list[Cell]]) -> str:
+def table(header: list[str], rows: list[list[TableCell]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell_markdown(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
