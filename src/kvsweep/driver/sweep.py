@@ -127,7 +127,7 @@ class SweepRun:
         self._connected: Connected | None = None
         self._planned: Planned | None = None
         self._tracking: Tracking | None = None
-        self.progress: SweepProgress | None = None  # from `queue`; messages then print above it
+        self._progress: SweepProgress | None = None  # from `queue`; messages then print above it
         self._by_id: dict[str, PlannedCell] = {}
 
     @property
@@ -143,15 +143,15 @@ class SweepRun:
         return produced(self._tracking, "open_tracking")
 
     @property
-    def queued(self) -> SweepProgress:
+    def progress(self) -> SweepProgress:
         """The progress display `queue` starts (it counts the results as they come)."""
-        return produced(self.progress, "queue")
+        return produced(self._progress, "queue")
 
     def say(self, text: str) -> None:
-        if self.progress is None:
+        if self._progress is None:
             print(redact_text(text), file=self.out, flush=True)
         else:
-            self.progress.say(redact_text(text))
+            self._progress.say(redact_text(text))
 
     def connect(self, session: "RaySession") -> None:
         """The device cells run on, and what each needs from the cluster (checked to fit). The warm
@@ -231,7 +231,7 @@ class SweepRun:
         done, problems = tracking.done, planned.problems
         to_run = sum(p.runs and p.cell.model not in problems for p in planned.cells)
         progress = SweepProgress(len(planned.cells), to_run, self.out, tracking.header.model_names)
-        self.progress = progress
+        self._progress = progress
         jobs: list[Job] = []
         for p in planned.cells:
             cid = cell_id(p.cell, planned.protocol)
@@ -254,7 +254,7 @@ class SweepRun:
 
     def record(self, result: CellResult, ran: bool = True) -> None:
         """One result: redacted, journaled (on disk before MLflow sees it), then sent and shown."""
-        progress, tracking = self.queued, self.tracking
+        progress, tracking = self.progress, self.tracking
         result.metrics.update(predicted_metrics(self._by_id[result.cell_id]))
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
@@ -271,7 +271,7 @@ class SweepRun:
         from kvsweep.driver.ray_session import send_strategies_by_value
         from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
-        progress, ray_cfg, connected, tracking = self.queued, self.cfg.ray, self.connected, self.tracking
+        progress, ray_cfg, connected, tracking = self.progress, self.cfg.ray, self.connected, self.tracking
         sink, journal = tracking.sink, tracking.journal
         limits = Limits(
             needs=connected.needs,

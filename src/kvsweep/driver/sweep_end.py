@@ -22,7 +22,7 @@ def finish(sweep: "SweepRun") -> int:
     results, run_dir, say, tracking = sweep.results, sweep.run_dir, sweep.say, sweep.tracking
     sink, journal = tracking.sink, tracking.journal
     table = write_tables(results, run_dir)
-    counts = sweep.queued.counts_by_status()
+    counts = sweep.progress.counts_by_status()
     journal.write_end("FINISHED", counts)
     selection = _write_report(sweep)
     unsent = sink.close("FINISHED", counts)
