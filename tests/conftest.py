@@ -26,7 +26,7 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 # Fixtures that start Ray, a cell template, a sweep or a server: every test using one is `slow`.
-SLOW_FIXTURES = frozenset({"ray_cluster", "cell_template", "mlflow_server", "two_node_cluster"})
+SLOW_FIXTURES = frozenset({"ray_cluster", "cell_template", "finished_sweep", "mlflow_server", "two_node_cluster"})
 _ray_started_by_fixture = False
 
 
@@ -94,31 +94,56 @@ class SweepRun:
     run_dir: Path
 
 
-@pytest.fixture
-def run_sweep(ray_cluster, cell_template, tmp_path):
-    """Run `python -m kvsweep` in this process (sharing the session's Ray) with a tmp MLflow store."""
+def sweep_in_process(run_dir: Path, overrides: tuple[str, ...], uri: str, experiment: str = "kvsweep") -> SweepRun:
+    """`python -m kvsweep` with FAST settings in this process (sharing the session's Ray and template)."""
     from kvsweep.cli import main
 
+    out, err = io.StringIO(), io.StringIO()
+    tracking = [f"mlflow.tracking_uri={uri}", f"mlflow.experiment={experiment}", f"hydra.run.dir={run_dir}"]
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([*FAST, *overrides, *tracking])
+    sys.stdout.write(out.getvalue())
+    return SweepRun(code, out.getvalue(), err.getvalue(), uri, run_dir)
+
+
+@pytest.fixture
+def run_sweep(ray_cluster, cell_template, tmp_path):
+    """Run a sweep in this process with a tmp sqlite MLflow store (each call its own run folder)."""
     calls = []
 
     def run(*overrides: str, experiment: str = "kvsweep") -> SweepRun:
-        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         calls.append(overrides)
         run_dir = tmp_path / ("run" if len(calls) == 1 else f"run{len(calls)}")
-        out, err = io.StringIO(), io.StringIO()
-        args = [
-            *FAST,
-            *overrides,
-            f"mlflow.tracking_uri={uri}",
-            f"mlflow.experiment={experiment}",
-            f"hydra.run.dir={run_dir}",
-        ]
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(args)
-        sys.stdout.write(out.getvalue())
-        return SweepRun(code, out.getvalue(), err.getvalue(), uri, run_dir)
+        return sweep_in_process(run_dir, overrides, f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
 
     return run
+
+
+# The shared finished sweep: 2 contexts x 4 caches; offloaded needs CUDA, so 6 cells run and 2 are skipped.
+FINISHED_CONTEXTS = (64, 192)
+FINISHED_CACHES = ("dynamic", "static", "offloaded", "quantized-hqq-int4")
+
+
+@pytest.fixture(scope="session")
+def finished_sweep(ray_cluster, cell_template, tmp_path_factory) -> SweepRun:
+    """One finished sweep for every test that only reads its results (never write into its store)."""
+    folder = tmp_path_factory.mktemp("finished-sweep")
+    overrides = (
+        f"grid.context_lengths=[{','.join(map(str, FINISHED_CONTEXTS))}]",
+        f"grid.caches=[{','.join(FINISHED_CACHES)}]",
+    )
+    run = sweep_in_process(folder / "run", overrides, f"sqlite:///{folder / 'mlflow.db'}")
+    assert run.code == 0, run.out + run.err
+    return run
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory) -> str:
+    """One plain `mlflow server` on 127.0.0.1 for the whole run; its URL. Each test uses its own experiment."""
+    store, port = tmp_path_factory.mktemp("mlflow-server"), free_port()
+    server = start_mlflow_server(store, port)
+    yield f"http://127.0.0.1:{port}"
+    stop(server)
 
 
 def cell_runs(tracking_uri: str, experiment: str = "kvsweep"):

@@ -16,7 +16,6 @@ How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
 
 import os
 import re
-import threading
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render, save_compact_png
-from conftest import FAST, SweepRun, cell_runs, free_port, start_mlflow_server, stop
+from conftest import SweepRun, cell_runs, sweep_in_process
 from kvsweep.grid import Cell, cell_label
 
 pytestmark = pytest.mark.skipif(
@@ -37,76 +36,36 @@ DOCS_SHOT = ROOT / "docs" / "mlflow-ui.png"
 CACHES = ("dynamic", "static", "quantized-hqq-int4")
 CONTEXTS = (32, 64)
 BATCHES = (1, 2)  # a second varying axis: the chart must not average across it
+EXPERIMENT = "ui"
 
 
 @dataclass
 class UiSweep:
     run: SweepRun
-    base_url: str  # a real `mlflow server` over the sweep's store
+    base_url: str  # the real `mlflow server` the sweep logged to
 
 
 @pytest.fixture(scope="module")
-def ui_sweep(ray_cluster, tmp_path_factory):
-    """One real tiny sweep for both tests (3 caches x 2 context lengths x 2 batch sizes, two cells at a time), served.
-
-    The sweep writes straight into the file `start_mlflow_server` serves; the server starts in a
-    thread while the sweep runs, once the store exists (two processes creating one store race).
-    Module-scoped, so it mirrors conftest's function-scoped `run_sweep` instead of using it.
-    """
-    import io
-    from contextlib import redirect_stderr, redirect_stdout
-
-    from mlflow import MlflowClient
-
-    from kvsweep.cli import main
-
-    tmp = tmp_path_factory.mktemp("ui-sweep")
-    store = tmp / "server"
-    store.mkdir()
-    uri = f"sqlite:///{store / 'server.db'}"
-    MlflowClient(tracking_uri=uri).search_experiments()  # creates the store
-    port = free_port()
-    servers, failures = [], []
-
-    def serve() -> None:
-        try:
-            servers.append(start_mlflow_server(store, port))
-        except Exception as error:  # reported below, after the sweep
-            failures.append(error)
-
-    starting = threading.Thread(target=serve, daemon=True)
-    starting.start()
-    out, err = io.StringIO(), io.StringIO()
-    args = [
-        *FAST,
+def ui_sweep(ray_cluster, cell_template, mlflow_server, tmp_path_factory):
+    """One real tiny sweep for both tests (3 caches x 2 context lengths x 2 batch sizes, two cells at a time),
+    logged over HTTP to the session's `mlflow server` in an experiment of its own."""
+    axes = (
         f"grid.caches=[{','.join(CACHES)}]",
         f"grid.context_lengths=[{','.join(map(str, CONTEXTS))}]",
         f"grid.batch_sizes=[{','.join(map(str, BATCHES))}]",
         "ray.max_concurrent=2",
         "measure.warmup=1",  # steadier numbers for the screenshot, at little cost
         "measure.repeats=3",
-        f"mlflow.tracking_uri={uri}",
-        "mlflow.experiment=kvsweep",
-        f"hydra.run.dir={tmp / 'run'}",
-    ]
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(args)
-        run = SweepRun(code, out.getvalue(), err.getvalue(), uri, tmp / "run")
-        assert run.code == 0, run.out + run.err
-        starting.join(timeout=180)
-        assert servers, f"mlflow server did not start: {failures}"
-        yield UiSweep(run, f"http://127.0.0.1:{port}")
-    finally:
-        starting.join(timeout=180)
-        for server in servers:
-            stop(server)
+    )
+    run = sweep_in_process(tmp_path_factory.mktemp("ui-sweep") / "run", axes, mlflow_server, EXPERIMENT)
+    assert run.code == 0, run.out + run.err
+    return UiSweep(run, mlflow_server)
 
 
 def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
     from mlflow import MlflowClient
 
-    parents, children = cell_runs(ui_sweep.run.tracking_uri)
+    parents, children = cell_runs(ui_sweep.run.tracking_uri, EXPERIMENT)
     assert len(parents) == 1 and len(children) == len(CACHES) * len(CONTEXTS) * len(BATCHES)
     assert {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
     parent_name = parents[0].info.run_name
@@ -128,7 +87,7 @@ def test_mlflow_ui_shows_the_sweep_and_compares_strategies(ui_sweep):
 
     base = ui_sweep.base_url
     client = MlflowClient(tracking_uri=base)
-    experiment_id = client.get_experiment_by_name("kvsweep").experiment_id
+    experiment_id = client.get_experiment_by_name(EXPERIMENT).experiment_id
     runs = f"{base}/#/experiments/{experiment_id}/runs"
 
     # The link kvsweep prints: the sweep's parent run, its cells folded beneath it.

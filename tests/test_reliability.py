@@ -4,12 +4,23 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import FAST, cell_is_running, cell_runs, free_port, start_mlflow_server, statuses, stop, wait_until
+from conftest import (
+    FAST,
+    cell_is_running,
+    cell_runs,
+    free_port,
+    start_mlflow_server,
+    statuses,
+    stop,
+    sweep_in_process,
+    wait_until,
+)
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
 
@@ -69,14 +80,16 @@ def test_same_command_resumes_and_rerun_starts_afresh(run_sweep):
     assert len(parents3) == 2 and len(children3) == 4
 
 
+SIX_CELLS = ("grid.caches=[dynamic,static,quantized-hqq-int4]", "grid.context_lengths=[64,128]")
+
+
 def _sweep_cmd(tmp_path: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
         "kvsweep",
         *FAST,
-        "grid.caches=[dynamic,static,quantized-hqq-int4]",
-        "grid.context_lengths=[64,128]",
+        *SIX_CELLS,
         f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
         *extra,
     ]
@@ -202,57 +215,50 @@ def test_secrets_never_reach_mlflow_or_output(run_sweep, monkeypatch):
     assert "trust_remote_code=False" in run.out
 
 
-def test_sync_is_idempotent_and_reports_what_it_sent(run_sweep, capsys):
-    run = run_sweep("grid.caches=[dynamic]")
+def test_sync_is_idempotent_and_reports_what_it_sent(finished_sweep, capsys):
+    """The shared sweep delivered all its 8 cells (2 contexts x 4 caches, skipped ones included)."""
     capsys.readouterr()
-    assert main(["sync", str(run.run_dir)]) == 0
-    assert "sent 0, already in MLflow 1" in capsys.readouterr().out
-    assert main(["sync", str(run.run_dir.parent / "nope")]) == 2
+    assert main(["sync", str(finished_sweep.run_dir)]) == 0
+    assert "sent 0, already in MLflow 8" in capsys.readouterr().out
+    assert main(["sync", str(finished_sweep.run_dir.parent / "nope")]) == 2
 
 
-@pytest.mark.slow
-def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(tmp_path):
+def test_mlflow_server_down_mid_sweep_loses_nothing_after_sync(ray_cluster, cell_template, tmp_path, capsys):
+    """The server goes away after the first result (stopped from a thread while the sweep runs here)."""
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
-    env = {**os.environ, **QUIET}
-    cmd = _sweep_cmd(tmp_path, f"hydra.run.dir={tmp_path}/a", f"mlflow.tracking_uri={uri}")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_lines(tmp_path / "a" / "journal.jsonl", 1, proc)
-        stop(server)  # MLflow goes away after the first result
-        out, _ = proc.communicate(timeout=600)
-    finally:
+    journal = tmp_path / "a" / "journal.jsonl"
+
+    def stop_after_first_result() -> None:
+        wait_until(lambda: journal.exists() and Journal(journal.parent).read().results, "a first result")
         stop(server)
-    assert proc.returncode == 0, out  # every cell reached a result; the sweep did not stop
-    assert out.count("MLflow is not answering") == 1
-    assert f"python -m kvsweep sync {tmp_path}/a" in out
+
+    stopper = threading.Thread(target=stop_after_first_result, daemon=True)
+    stopper.start()
+    try:
+        run = sweep_in_process(tmp_path / "a", SIX_CELLS, uri)
+    finally:
+        stopper.join(timeout=300)
+        stop(server)
+    assert run.code == 0, run.out + run.err  # every cell reached a result; the sweep did not stop
+    assert run.out.count("MLflow is not answering") == 1
+    assert f"python -m kvsweep sync {tmp_path}/a" in run.out
     assert len(Journal(tmp_path / "a").read().results) == 6
 
     server = start_mlflow_server(tmp_path, port)  # the same store comes back
     try:
-        sync = subprocess.run(
-            [sys.executable, "-m", "kvsweep", "sync", str(tmp_path / "a"), "--tracking-uri", uri],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        assert sync.returncode == 0, sync.stdout + sync.stderr
-        assert "already in MLflow" in sync.stdout and "sent 0," not in sync.stdout
+        capsys.readouterr()
+        assert main(["sync", str(tmp_path / "a"), "--tracking-uri", uri]) == 0
+        out = capsys.readouterr().out
+        assert "already in MLflow" in out and "sent 0," not in out
         parents, children = cell_runs(uri)
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"
         assert len(children) == 6 and {c.data.tags["kvsweep.status"] for c in children} == {"ok"}
         assert len({c.data.tags["kvsweep.cell_id"] for c in children}) == 6
 
-        again = subprocess.run(
-            [sys.executable, "-m", "kvsweep", "sync", str(tmp_path), "--tracking-uri", uri],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        assert again.returncode == 0 and "sent 0, already in MLflow 6" in again.stdout
+        assert main(["sync", str(tmp_path), "--tracking-uri", uri]) == 0
+        assert "sent 0, already in MLflow 6" in capsys.readouterr().out
         assert len(cell_runs(uri)[1]) == 6  # nothing twice
     finally:
         stop(server)

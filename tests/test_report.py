@@ -133,9 +133,9 @@ def _not_blank(path):
     return pixels.shape[0] >= 400 and float(pixels[..., :3].std()) > 0.05
 
 
-def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(run_sweep, tmp_path, capsys):
-    run = run_sweep("grid.context_lengths=[64,192]", "grid.caches=[dynamic,static,offloaded,quantized-hqq-int4]")
-    assert run.code == 0, run.err
+def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(finished_sweep, tmp_path, capsys):
+    """The shared sweep: contexts 64 and 192 x dynamic, static, offloaded, quantized-hqq-int4 (conftest)."""
+    run = finished_sweep
     folder = run.run_dir / "report"
     assert "Selection (fastest by tpot_ms" in run.out and "tiny-llama float32 bs1 ctx192 new4: fastest" in run.out
     assert str(folder / "report.html") in run.out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from conftest import cell_runs, free_port, start_mlflow_server, statuses, stop
+from conftest import cell_runs, statuses
 from kvsweep import names
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
@@ -153,20 +153,17 @@ def test_grid_needing_gpus_on_a_gpu_less_cluster_fails_at_once(run_sweep):
     assert "no GPUs" in run.err and len(run.err.strip().splitlines()) == 1
 
 
-def test_sweep_logs_to_a_real_mlflow_server(ray_cluster, tmp_path, capsys):
+def test_sweep_logs_to_a_real_mlflow_server(ray_cluster, cell_template, mlflow_server, tmp_path, capsys):
     """An http:// tracking URI: a real `mlflow server` on 127.0.0.1, credentials redacted in output."""
-    port = free_port()
-    server = start_mlflow_server(tmp_path, port)
-    try:
-        uri = f"http://user:s3cret@127.0.0.1:{port}"
-        code = main([*_fast(), "grid.caches=[dynamic]", f"mlflow.tracking_uri={uri}", f"hydra.run.dir={tmp_path}/r"])
-        out = capsys.readouterr().out
-        assert code == 0
-        assert "s3cret" not in out and f"127.0.0.1:{port}/#/experiments/" in out
-        _, children = cell_runs(f"http://127.0.0.1:{port}")
-        assert len(children) == 1 and children[0].data.tags["kvsweep.status"] == "ok"
-    finally:
-        stop(server)
+    port = mlflow_server.rsplit(":", 1)[1]
+    uri = f"http://user:s3cret@127.0.0.1:{port}"
+    overrides = ["grid.caches=[dynamic]", f"mlflow.tracking_uri={uri}", "mlflow.experiment=real-server"]
+    code = main([*_fast(), *overrides, f"hydra.run.dir={tmp_path}/r"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "s3cret" not in out and f"127.0.0.1:{port}/#/experiments/" in out
+    _, children = cell_runs(mlflow_server, experiment="real-server")
+    assert len(children) == 1 and children[0].data.tags["kvsweep.status"] == "ok"
 
 
 def _fast():
