@@ -35,15 +35,14 @@ def rebuild_report(
     tracking_uri: str, experiment: str, run_id: str | None, out: Path | None, overrides: dict[str, object]
 ) -> int:
     """Read the sweep back through `tracking/readback.py` (what a resuming sweep reads) and write its report."""
-    from mlflow import MlflowClient
-
     from kvsweep.redact import redact_uri
     from kvsweep.report.write import ReportContext, settings_from, write_report, write_tables
     from kvsweep.tracking.readback import cell_results, latest_sweep
+    from kvsweep.tracking.store import open_client
     from kvsweep.tracking.urls import default_tracking_uri, run_url
 
     uri = default_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)  # a sweep may be making a fresh sqlite store's tables right now
     if run_id is None:
         found = client.get_experiment_by_name(experiment)
         if found is None:

@@ -9,7 +9,7 @@ USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep 
        python -m kvsweep dry_run=true [...]              print the grid and plan, start nothing
        python -m kvsweep --cfg job [...]                 print the composed config (job, hydra or all), start nothing
        python -m kvsweep --info                          print the config search path and the sweep files found
-       python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's results table from MLflow
+       python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's report from MLflow
        python -m kvsweep sync [PATH]                     send journaled results MLflow missed (idempotent)
 Overrides are Hydra's, e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]
 """
