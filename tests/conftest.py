@@ -10,6 +10,7 @@ is the fast tier a developer runs after each change; plain `pytest` runs everyth
 
 import io
 import os
+import shutil
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -106,10 +107,25 @@ def sweep_in_process(run_dir: Path, overrides: tuple[str, ...], uri: str, experi
     return SweepRun(code, out.getvalue(), err.getvalue(), uri, run_dir)
 
 
+@pytest.fixture(scope="session")
+def migrated_store(tmp_path_factory) -> Path:
+    """An empty sqlite MLflow store with MLflow's tables made once (1-3 s each time on two cores).
+
+    Sweeps that are not testing store creation start from a copy of it; creating a store, alone and
+    raced, has its own tests (test_sweep's `python -m kvsweep`, test_store_race).
+    """
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("migrated-store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def run_sweep(ray_cluster, cell_template, tmp_path):
+def run_sweep(ray_cluster, cell_template, migrated_store, tmp_path):
     """Run a sweep in this process with a tmp sqlite MLflow store (each call its own run folder)."""
     calls = []
+    shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
 
     def run(*overrides: str, experiment: str = "kvsweep") -> SweepRun:
         calls.append(overrides)
@@ -125,9 +141,10 @@ FINISHED_CACHES = ("dynamic", "static", "offloaded", "quantized-hqq-int4")
 
 
 @pytest.fixture(scope="session")
-def finished_sweep(ray_cluster, cell_template, tmp_path_factory) -> SweepRun:
+def finished_sweep(ray_cluster, cell_template, migrated_store, tmp_path_factory) -> SweepRun:
     """One finished sweep for every test that only reads its results (never write into its store)."""
     folder = tmp_path_factory.mktemp("finished-sweep")
+    shutil.copyfile(migrated_store, folder / "mlflow.db")
     overrides = (
         f"grid.context_lengths=[{','.join(map(str, FINISHED_CONTEXTS))}]",
         f"grid.caches=[{','.join(FINISHED_CACHES)}]",

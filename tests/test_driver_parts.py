@@ -5,6 +5,7 @@ larger than one that ran out of memory is not run; every queued cell gets exactl
 hung one after its retries; a result reaches MLflow, or stays queued while MLflow is down.
 """
 
+import shutil
 import time
 
 from mlflow import MlflowClient
@@ -66,7 +67,8 @@ def header(uri: str) -> SweepHeader:
     return SweepHeader("parts", "key-1", "kvsweep", uri, "cpu", "name: parts\n", {"name": "parts"})
 
 
-def test_the_sink_sends_a_result_to_mlflow(tmp_path):
+def test_the_sink_sends_a_result_to_mlflow(migrated_store, tmp_path):
+    shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     journal = Journal(tmp_path / "run")
     said: list[str] = []
