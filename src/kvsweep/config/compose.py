@@ -29,6 +29,7 @@ from kvsweep.testing.seams import Seams, seams_from
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"
 MEASURE_GROUP = "measure"  # the config group of measure presets (conf/measure/)
+SWEEP_PRESET_PREFIX = "sweep_"  # a sweep file's own `measure:` keys, as a preset (`_measure_keys_as_preset`)
 
 
 def register_sweeps() -> list[str]:
@@ -67,7 +68,7 @@ def _measure_keys_as_preset(sweep: DictConfig, stem: str, store: ConfigStore) ->
             chosen = str(entry[selects])
         else:
             defaults.append(entry)
-    preset = f"sweep_{stem}"
+    preset = f"{SWEEP_PRESET_PREFIX}{stem}"
     body = OmegaConf.to_container(sweep[MEASURE_GROUP])
     store.store(group=MEASURE_GROUP, name=preset, node=OmegaConf.create({"defaults": [chosen, "_self_"], **body}))
     rest = {k: v for k, v in OmegaConf.to_container(sweep).items() if k not in ("defaults", MEASURE_GROUP)}
@@ -138,7 +139,8 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
     if missing:  # an option of a config group, e.g. measure=NAME
         group, name = missing.groups()
         listed = re.search(rf"Available options in '{group}':\n((?:\t.*\n?)*)", text)
-        options = ", ".join(line.strip() for line in listed.group(1).splitlines()) if listed else "?"
+        named = [line.strip() for line in listed.group(1).splitlines()] if listed else ["?"]
+        options = ", ".join(o for o in named if not o.startswith(SWEEP_PRESET_PREFIX))  # not a sweep file's keys
         what = "measure preset" if group == MEASURE_GROUP else f"{group} option"
         return f"{group}={name}: unknown {what}; available: {options}"
     cause: BaseException | None = exc
