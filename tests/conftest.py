@@ -47,6 +47,7 @@ def _fast_tests_start_no_ray(request):
         if ray.is_initialized():
             pytest.fail(f"{request.node.nodeid} started Ray but is not marked slow (tests/conftest.py SLOW_FIXTURES)")
 
+
 # Small, fast settings every in-process sweep starts from; tests add their own overrides.
 FAST = [
     "grid.models=[tiny-llama]",
@@ -87,7 +88,7 @@ def cell_template(ray_cluster):
 
 
 @dataclass
-class SweepRun:
+class SweepOutcome:
     code: int
     out: str
     err: str
@@ -95,7 +96,7 @@ class SweepRun:
     run_dir: Path
 
 
-def sweep_in_process(run_dir: Path, overrides: tuple[str, ...], uri: str, experiment: str = "kvsweep") -> SweepRun:
+def sweep_in_process(run_dir: Path, overrides: tuple[str, ...], uri: str, experiment: str = "kvsweep") -> SweepOutcome:
     """`python -m kvsweep` with FAST settings in this process (sharing the session's Ray and template)."""
     from kvsweep.cli import main
 
@@ -104,7 +105,7 @@ def sweep_in_process(run_dir: Path, overrides: tuple[str, ...], uri: str, experi
     with redirect_stdout(out), redirect_stderr(err):
         code = main([*FAST, *overrides, *tracking])
     sys.stdout.write(out.getvalue())
-    return SweepRun(code, out.getvalue(), err.getvalue(), uri, run_dir)
+    return SweepOutcome(code, out.getvalue(), err.getvalue(), uri, run_dir)
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +128,7 @@ def run_sweep(ray_cluster, cell_template, migrated_store, tmp_path):
     calls = []
     shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
 
-    def run(*overrides: str, experiment: str = "kvsweep") -> SweepRun:
+    def run(*overrides: str, experiment: str = "kvsweep") -> SweepOutcome:
         calls.append(overrides)
         run_dir = tmp_path / ("run" if len(calls) == 1 else f"run{len(calls)}")
         return sweep_in_process(run_dir, overrides, f"sqlite:///{tmp_path / 'mlflow.db'}", experiment)
@@ -141,7 +142,7 @@ FINISHED_CACHES = ("dynamic", "static", "offloaded", "quantized-hqq-int4")
 
 
 @pytest.fixture(scope="session")
-def finished_sweep(ray_cluster, cell_template, migrated_store, tmp_path_factory) -> SweepRun:
+def finished_sweep(ray_cluster, cell_template, migrated_store, tmp_path_factory) -> SweepOutcome:
     """One finished sweep for every test that only reads its results (never write into its store)."""
     folder = tmp_path_factory.mktemp("finished-sweep")
     shutil.copyfile(migrated_store, folder / "mlflow.db")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from browser import assert_not_blank, crop_right_panel, data_uri_pngs, find_browser, png_stats, render, save_compact_png
-from conftest import SweepRun, cell_runs, sweep_in_process
+from conftest import SweepOutcome, cell_runs, sweep_in_process
 from kvsweep.grid import Cell, cell_label
 
 pytestmark = pytest.mark.skipif(
@@ -41,7 +41,7 @@ EXPERIMENT = "ui"
 
 @dataclass
 class UiSweep:
-    run: SweepRun
+    run: SweepOutcome
     base_url: str  # the real `mlflow server` the sweep logged to
 
 

@@ -106,7 +106,7 @@ def test_the_results_table_marks_implausible_cells():
     assert not re.search(r"dynamic\s+ok!", text)
 
 
-def test_slow_quantized_cache_gets_the_briefs_warning():
+def test_a_quantized_cache_slower_than_dynamic_is_advised_against_as_the_default():
     [decision] = decide([result("dynamic", tpot_ms=10.0), result("quantized-hqq-int4", tpot_ms=14.0)], Settings())
     assert "do not make a quantized cache the default" in decision.entries[1].advice
 

@@ -159,8 +159,8 @@ def _measure(
 
 
 @dataclass(frozen=True)
-class Found:
-    """What one step found, for the cell's result."""
+class ResultPart:
+    """The part of a cell's result one step found (metrics, tags, environment, samples)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
@@ -168,7 +168,7 @@ class Found:
     samples: dict[str, Any] = field(default_factory=dict)
 
 
-def _write(result: CellResult, found: Found) -> None:
+def _write(result: CellResult, found: ResultPart) -> None:
     result.metrics.update(found.metrics)
     result.tags.update(found.tags)
     result.environment.update(found.environment)
@@ -183,7 +183,7 @@ def _numbers(
     model: torch.nn.Module,
     shape: KvShape,
     bandwidth: Bandwidth,
-) -> Found:
+) -> ResultPart:
     """The contract's metrics, the checks' tags and the raw samples behind them."""
     strategy = get_strategy(cell.cache)
     runs = [sample.call for sample in phase.kept]
@@ -206,10 +206,10 @@ def _numbers(
         "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
     }
-    return Found(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
+    return ResultPart(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
 
 
-def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> Found:
+def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> ResultPart:
     """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
     gpu_seen = gpu_verdict(gpu.verdict, sorted(gpu.seen)) if gpu is not None else None
     contended, contention = merge(host.verdict(), gpu_seen)
@@ -218,12 +218,12 @@ def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingP
         tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
     environment = {"gpu_other_pids": ",".join(map(str, sorted(gpu.seen)))} if gpu is not None and gpu.seen else {}
     metrics = {**host.metrics(), Metric.DISCARDED_CALLS: float(len(phase.discarded))}
-    return Found(metrics, tags, environment)
+    return ResultPart(metrics, tags, environment)
 
 
-def _quality_found(quality: QualityCheck) -> Found:
+def _quality_found(quality: QualityCheck) -> ResultPart:
     tags = {ResultTag.QUALITY: quality.not_measured} if quality.not_measured else {}
-    return Found(tags=tags, environment={"quality_forward": quality.forward} if quality.forward else {})
+    return ResultPart(tags=tags, environment={"quality_forward": quality.forward} if quality.forward else {})
 
 
 @dataclass(frozen=True)
