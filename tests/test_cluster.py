@@ -62,6 +62,7 @@ def sweep(cluster, tmp_path, *overrides, env=None):
             *address,
             "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
             "+testing.sleep_s=3",
+            "ray.fork_cells=false",  # the stand-in imports no torch: no template worth warming on each node
             f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
             f"hydra.run.dir={tmp_path}/r",
             *overrides,

@@ -176,7 +176,7 @@ def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
     """No retry: that a timed-out cell is retried once is the scheduler's own test (test_driver_parts)."""
     run = run_sweep(
         "grid.caches=[dynamic,static]",
-        "ray.cell_timeout_s=12",
+        "ray.cell_timeout_s=8",
         "ray.max_retries=0",
         "+testing.faults=[{match: {cache: static}, fault: hang}]",
     )
