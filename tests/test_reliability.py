@@ -158,8 +158,10 @@ def _group_alive(pgid: int) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path, signum):
+def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path):
+    """SIGTERM, what a scheduler sends: Ray turns it into the same KeyboardInterrupt as Ctrl-C, so both go
+    through one handler; which signal came (130 or 143) is checked for both without Ray below."""
+    signum = signal.SIGTERM
     env = {**os.environ, **QUIET}
     hang = "+testing.faults=[{match: {cache: static, context_length: 64}, fault: hang}]"
     proc = subprocess.Popen(

@@ -7,6 +7,7 @@ import hashlib
 import json
 import sys
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
@@ -88,8 +89,9 @@ class Planned:
     cells: list[PlannedCell]
     problems: dict[str, str]  # model -> why none of its cells can run
 
-    @property
+    @cached_property
     def by_id(self) -> dict[str, PlannedCell]:
+        """Each planned cell by its id (hashed once per plan)."""
         return {cell_id(p.cell, self.protocol): p for p in self.cells}
 
 
@@ -128,7 +130,6 @@ class SweepRun:
         self._planned: Planned | None = None
         self._tracking: Tracking | None = None
         self._progress: SweepProgress | None = None  # from `queue`; messages then print above it
-        self._by_id: dict[str, PlannedCell] = {}
 
     @property
     def connected(self) -> Connected:
@@ -173,12 +174,9 @@ class SweepRun:
     def plan(self) -> None:
         device = self.connected.device
         cells, problems = plan_sweep(self.cfg, device)
-        self._set_plan(Planned(protocol_of(self.cfg.measure, device), cells, problems))
+        self._planned = Planned(protocol_of(self.cfg.measure, device), cells, problems)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device)))
-
-    def _set_plan(self, planned: Planned) -> None:
-        self._planned, self._by_id = planned, planned.by_id
 
     def open_tracking(self) -> None:
         """The journal first (results are on disk before MLflow sees them), then the MLflow sink."""
@@ -221,7 +219,7 @@ class SweepRun:
         planned, done = self.planned, self.tracking.done
         pending = [p for p in planned.cells if cell_id(p.cell, planned.protocol) not in done]
         after = dict(zip(map(id, pending), prebuild(pending, self.connected.device, self.say), strict=True))
-        self._set_plan(replace(planned, cells=[after.get(id(p), p) for p in planned.cells]))
+        self._planned = replace(planned, cells=[after.get(id(p), p) for p in planned.cells])
 
     def queue(self) -> list["Job"]:
         """Resume what has results, record what will not run, and queue the rest (small cells first)."""
@@ -255,7 +253,7 @@ class SweepRun:
     def record(self, result: CellResult, ran: bool = True) -> None:
         """One result: redacted, journaled (on disk before MLflow sees it), then sent and shown."""
         progress, tracking = self.progress, self.tracking
-        result.metrics.update(predicted_metrics(self._by_id[result.cell_id]))
+        result.metrics.update(predicted_metrics(self.planned.by_id[result.cell_id]))
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
