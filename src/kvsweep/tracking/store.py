@@ -2,10 +2,9 @@
 
 MLflow makes a fresh sqlite store's tables the first time a process opens it, with no lock: two
 processes doing so at once (a sweep and `mlflow ui`, two sweeps in one folder) run into each other's
-half-made schema and one fails (`table experiments already exists`, `duplicate column name`, an
-out-of-date schema). kvsweep's own processes take turns (a lock file per store in the temporary
-folder); one that collides with another program waits and opens it again, once that program has
-made the tables.
+half-made schema and one fails (`table experiments already exists`, `no such index`, an out-of-date
+schema, ...). kvsweep's own processes take turns (a lock file per store in the temporary folder); one
+that collides with another program waits and opens it again, once that program has made the tables.
 """
 
 import contextlib
@@ -15,6 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from mlflow import MlflowClient
 
@@ -34,28 +34,22 @@ def open_client(tracking_uri: str, attempts: int = OPEN_ATTEMPTS) -> MlflowClien
         for attempt in range(1, attempts):
             try:
                 return MlflowClient(tracking_uri=tracking_uri)
-            except Exception as exc:
-                if not schema_in_the_making(exc):
+            except Exception:
+                if not store_file(tracking_uri).exists():  # nothing made it: a real problem (a bad folder)
                     raise
                 time.sleep(OPEN_WAIT_S * attempt)
         return MlflowClient(tracking_uri=tracking_uri)  # the last attempt: what it raises, the caller sees
 
 
-def schema_in_the_making(exc: BaseException) -> bool:
-    """What MLflow raises when another process is making the same store's tables at the same moment."""
-    text = str(exc).lower()
-    return any(
-        sign in text
-        for sign in (
-            "already exists",
-            "duplicate column",
-            "database is locked",
-            "out-of-date database schema",
-            "no such table",
-            "unique constraint failed: alembic_version",
-            "online migration expected to match one row",  # alembic: another process moved the version
-        )
-    )
+def store_file(tracking_uri: str) -> Path:
+    """The file of a `sqlite:///PATH` URI.
+
+    A failure to open a store whose file exists is taken for another process's half-made schema: its
+    symptoms are many (a table or index that already exists or is already gone, a locked database, a
+    schema version moved underneath, an ORM attribute missing), so kvsweep waits and opens it again
+    rather than matching messages; a real fault of an existing file still surfaces, after the waits.
+    """
+    return Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
 @contextlib.contextmanager
