@@ -33,8 +33,12 @@ class Cell:
 
     @property
     def cached_tokens(self) -> int:
-        """Tokens whose K/V the cache holds after generation (the last token's is never computed)."""
-        return self.context_length + self.max_new_tokens - 1
+        return cached_tokens(self.context_length, self.max_new_tokens)
+
+
+def cached_tokens(context_length: int, max_new_tokens: int) -> int:
+    """Tokens whose K/V the cache holds after generation (the last token's is never computed)."""
+    return context_length + max_new_tokens - 1
 
 
 # The protocol's fields added after cell ids were first published, at the values that meant "off" before

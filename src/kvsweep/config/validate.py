@@ -11,6 +11,7 @@ from kvsweep.caches import allowed_cache_names, get_strategy
 from kvsweep.config.schema import Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
+from kvsweep.grid import cached_tokens
 from kvsweep.names import Metric
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -72,7 +73,7 @@ def _validate_reserves(grid: dict[str, Any]) -> None:
     """`static@N` must hold the longest request: Transformers would silently size a smaller one to the
     request (its `max_cache_len` is a floor), so the cell would be a plain static one under another name."""
     context, new = max(grid["context_lengths"]), max(grid["max_new_tokens"])
-    needed = context + new - 1  # what the cache holds after generation: the last token's K/V is never computed
+    needed = cached_tokens(context, new)
     for i, name in enumerate(grid["caches"]):
         strategy = get_strategy(name)
         if strategy.reserve_tokens is not None and strategy.reserve_tokens < needed:
