@@ -4,14 +4,12 @@ A real `mlflow server --app-name basic-auth` on 127.0.0.1 (MLflow's own authenti
 user bootstrapped from MLFLOW_AUTH_ADMIN_PASSWORD, users' requests checked by HTTP basic auth).
 """
 
-import io
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from conftest import FAST, cell_runs, free_port, start_mlflow_server, stop
+from conftest import cell_runs, free_port, start_mlflow_server, stop, sweep_in_process
 from kvsweep.cli import main
 from kvsweep.redact import redact_text
 from kvsweep.tracking.credentials import CredentialsMissing, sync_tracking_uri
@@ -44,13 +42,9 @@ def auth_server(tmp_path_factory):
 
 
 def _sweep(run_dir: Path, uri: str, *overrides: str, experiment: str = "kvsweep") -> tuple[int, str]:
-    """`python -m kvsweep` in this process (the session's Ray), against `uri`; returns (exit code, output)."""
-    out = io.StringIO()
-    args = [*FAST, *overrides, f"mlflow.tracking_uri={uri}", f"mlflow.experiment={experiment}"]
-    args.append(f"hydra.run.dir={run_dir}")
-    with redirect_stdout(out), redirect_stderr(out):
-        code = main(args)
-    return code, out.getvalue()
+    """A sweep in this process against `uri`; (exit code, everything it printed)."""
+    run = sweep_in_process(run_dir, overrides, uri, experiment)
+    return run.code, run.out + run.err
 
 
 def _leaks(data: bytes) -> list[str]:
@@ -67,7 +61,9 @@ def _artifact_files(client: MlflowClient, run_id: str, folder: Path, path: str =
     return files
 
 
-def test_no_file_written_and_no_mlflow_artifact_holds_a_credential(ray_cluster, auth_server, tmp_path, monkeypatch):
+def test_no_file_written_and_no_mlflow_artifact_holds_a_credential(
+    ray_cluster, cell_template, auth_server, tmp_path, monkeypatch
+):
     monkeypatch.setenv("HF_TOKEN", ENV_SECRET)
     for name in CREDENTIAL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -105,7 +101,7 @@ def test_no_file_written_and_no_mlflow_artifact_holds_a_credential(ray_cluster, 
 
 
 def test_sync_takes_credentials_from_mlflows_environment_variables(
-    ray_cluster, auth_server, tmp_path, monkeypatch, capsys
+    ray_cluster, cell_template, auth_server, tmp_path, monkeypatch, capsys
 ):
     for name in CREDENTIAL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
