@@ -64,6 +64,7 @@ class Metric:
     DECODE_TOKENS_PER_S = "decode_tokens_per_s"
     FIRST_CALL_MS = "first_call_ms"
     COMPILE_RECAPTURES = "compile_recaptures"  # graphs compiled or CUDA graphs recorded while measuring
+    COMPILE_CUDAGRAPH_SKIPS = "compile_cudagraph_skips"  # Inductor ran a graph without CUDA graphs
     MODEL_LOAD_S = "model_load_s"
     REPEATS = "repeats"
     DISCARDED_CALLS = "discarded_calls"
@@ -80,7 +81,8 @@ class Metric:
     PREDICTED_KV_DEVICE_BYTES = "predicted_kv_device_bytes"
     PREDICTED_KV_HOST_BYTES = "predicted_kv_host_bytes"  # offloaded: pinned blocks, rounded up
     PREDICTED_TRANSFER_S_PER_TOKEN = "predicted_transfer_s_per_token"  # offloaded: host link round trip
-    DECODE_BYTES_PER_TOKEN = "decode_bytes_per_token"
+    DECODE_BYTES_PER_TOKEN = "decode_bytes_per_token"  # read from device memory per decode step
+    DECODE_HOST_LINK_BYTES_PER_TOKEN = "decode_host_link_bytes_per_token"  # offloaded: over the host link
     MEM_BANDWIDTH_GBPS = "mem_bandwidth_gbps"
     DECODE_BANDWIDTH_UTILIZATION = "decode_bandwidth_utilization"
     TOKEN_AGREEMENT = "token_agreement"
