@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
+from kvsweep.measure.bandwidth import COPY_PLANS, COPY_ROUNDS, Bandwidth, copy_bandwidth_gbps, device_bandwidth
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes, implausible
 
 MIB = 1 << 20
@@ -33,10 +33,76 @@ def test_cpu_copy_bandwidth_agrees_with_a_hand_timed_copy():
     assert 0.33 < measured / reference < 3.0, (measured, reference)  # same order: a shared, noisy host
 
 
+class ScriptedStopwatch:
+    """A fake event pair: each reading returns the next scripted time and records how many copies it enclosed."""
+
+    def __init__(self, copies_done: list[int], seconds: list[float]):
+        self.copies_done, self.seconds, self.enclosed = copies_done, list(seconds), []
+
+    def start(self) -> None:
+        self._at_start = self.copies_done[0]
+
+    def stop(self) -> float:
+        self.enclosed.append(self.copies_done[0] - self._at_start)
+        return self.seconds.pop(0)
+
+
+def test_copy_bandwidth_is_read_plus_written_bytes_of_every_copy_in_the_best_reading():
+    copies_done = [0]
+
+    def copy() -> None:
+        copies_done[0] += 1
+
+    stopwatch = ScriptedStopwatch(copies_done, [3.0e-3, 2.2e-3, 2.5e-3])
+    gbps = copy_bandwidth_gbps(copy, 256 * MIB, stopwatch, copies=16, rounds=3)
+    # 16 copies of 256 MiB, each read once and written once, in the fastest reading's 2.2 ms
+    assert gbps == pytest.approx(2 * 268_435_456 * 16 / 2.2e-3 / 1e9)
+    assert stopwatch.enclosed == [16, 16, 16]
+    assert copies_done[0] == 1 + 3 * 16  # one untimed warm-up copy before the first reading
+
+
+class HostSyncedDevice:
+    """A simulated GPU whose every reading pays a launch and a host sync on top of the copies it times."""
+
+    COPY_S = 130e-6  # one 256 MiB device-to-device copy on a recent GPU
+    LAUNCH_AND_SYNC_S = 20e-6
+
+    def __init__(self) -> None:
+        self.clock = 0.0
+
+    def copy(self) -> None:
+        self.clock += self.COPY_S
+
+    def start(self) -> None:
+        self._started = self.clock
+
+    def stop(self) -> float:
+        return self.clock - self._started + self.LAUNCH_AND_SYNC_S
+
+
+def test_a_cuda_reading_times_enough_copies_that_launch_and_sync_cost_under_one_percent():
+    def measured_share(copies: int) -> float:
+        device = HostSyncedDevice()
+        gbps = copy_bandwidth_gbps(device.copy, 256 * MIB, device, copies=copies, rounds=COPY_ROUNDS)
+        return gbps / (2 * 256 * MIB / HostSyncedDevice.COPY_S / 1e9)
+
+    assert measured_share(1) < 0.9  # one copy between syncs: 130 of 150 µs, the old benchmark's 13% low
+    assert 0.99 < measured_share(COPY_PLANS["cuda"].copies_per_reading) < 1.0
+
+
 def test_utilization_is_bytes_over_time_over_bandwidth():
     metrics = bandwidth_metrics(bytes_per_token=2e9, tpot_ms=100.0, bandwidth=Bandwidth(40.0, 32 * MIB))
     assert metrics["decode_bandwidth_utilization"] == pytest.approx(0.5)  # 20 GB/s of 40
     assert "decode_bandwidth_utilization" not in bandwidth_metrics(2e9, 0.0, Bandwidth(40.0, None))  # no timing
+
+
+def test_host_link_bytes_are_reported_beside_device_bytes_and_never_enter_utilization():
+    offloaded = bandwidth_metrics(
+        2e9, tpot_ms=100.0, bandwidth=Bandwidth(40.0, 32 * MIB), host_link_bytes_per_token=6e9
+    )
+    assert offloaded["decode_host_link_bytes_per_token"] == 6e9
+    assert offloaded["decode_bandwidth_utilization"] == pytest.approx(0.5)  # still 2 GB in 100 ms of 40 GB/s
+    assert bandwidth_metrics(2e9, 100.0, Bandwidth(40.0, None))["decode_host_link_bytes_per_token"] == 0.0
 
 
 @pytest.mark.parametrize("tied", [False, True])

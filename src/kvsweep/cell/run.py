@@ -35,7 +35,7 @@ from kvsweep.models.resolve import classify, kv_shape
 from kvsweep.models.shape import KvShape
 from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
-from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, mean_decode_kv_bytes
+from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import fault_for
 
@@ -197,10 +197,11 @@ def _numbers(
         Metric.KV_CACHE_HOST_BYTES: float(kv.host),
         Metric.KV_CACHE_BYTES_DENSE: float(cell_dense_kv_bytes(cell, shape)),
     }
-    read_per_token = decode_weight_bytes(model) + mean_decode_kv_bytes(
+    kv_traffic = decode_kv_traffic(
         strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
     )
-    metrics.update(bandwidth_metrics(read_per_token, metrics[Metric.TPOT_MS], bandwidth))
+    device_per_token = decode_weight_bytes(model) + kv_traffic.device_bytes
+    metrics.update(bandwidth_metrics(device_per_token, metrics[Metric.TPOT_MS], bandwidth, kv_traffic.host_link_bytes))
     samples = {
         "first_call": _call_samples(first),
         "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],

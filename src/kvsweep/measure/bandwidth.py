@@ -4,18 +4,25 @@ Decode is memory-bound: each step reads the weights and the cache. Dividing the 
 by its time and by this bandwidth gives the share of the physical limit a decode step reached — above
 1 is a measurement bug, a few percent says the time goes elsewhere (launches, contention, dequant).
 The copy runs outside every measured phase, on the threads the cell measures with.
+
+On CUDA one 256 MiB copy takes about 130 µs, and a launch plus a host sync 10-20 µs: timing a
+single copy between two syncs reads about 10% low. So a CUDA reading is several back-to-back copies
+between two CUDA events, which time the device's work, not the host's. A CPU copy of tens of MiB
+takes milliseconds and returns when done: one copy per host-clock reading is already exact.
 """
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from kvsweep.units import MIB
 
-COPY_ROUNDS = 5
+COPY_ROUNDS = 5  # readings; the best one counts (noise only ever slows a copy down)
 
 
 @dataclass(frozen=True)
@@ -24,28 +31,86 @@ class Bandwidth:
     last_level_cache_bytes: int | None  # None: unknown (then nothing can be called implausible)
 
 
+class Stopwatch(Protocol):
+    """Times the work queued between `start` and `stop` (seconds), however the device runs it."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
+class HostClock:
+    """The host's clock: right for work that returns when it is done (a CPU copy)."""
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+
+    def stop(self) -> float:
+        return time.perf_counter() - self._started
+
+
+class CudaEvents:
+    """Two CUDA events on the current stream: the device's time between them, without the host's launch and sync."""
+
+    def __init__(self) -> None:
+        self._start = torch.cuda.Event(enable_timing=True)
+        self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self._start.record()
+
+    def stop(self) -> float:
+        self._end.record()
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1e3  # elapsed_time is in milliseconds
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How one device's copy benchmark runs: buffer size bounds, copies per reading, and its clock."""
+
+    floor_bytes: int
+    cap_bytes: int
+    copies_per_reading: int
+    stopwatch: Callable[[], Stopwatch]
+
+
+COPY_PLANS: dict[str, CopyPlan] = {
+    # 16 x ~130 µs per reading: the one launch the events can still see is a fraction of a percent
+    "cuda": CopyPlan(256 * MIB, 1024 * MIB, copies_per_reading=16, stopwatch=CudaEvents),
+    "cpu": CopyPlan(32 * MIB, 256 * MIB, copies_per_reading=1, stopwatch=HostClock),
+}
+
+
 @functools.cache
 def device_bandwidth(device: str) -> Bandwidth:
-    """Best of a few copies of a buffer well beyond the last-level cache; cached per process."""
+    """Best of a few readings of copies of a buffer well beyond the last-level cache; cached per process."""
     llc = _cuda_l2_bytes() if device == "cuda" else cpu_last_level_cache_bytes()
-    floor, cap = (256 * MIB, 1024 * MIB) if device == "cuda" else (32 * MIB, 256 * MIB)
-    size = min(max(4 * (llc or 0), floor), cap)
+    plan = COPY_PLANS[device]
+    size = min(max(4 * (llc or 0), plan.floor_bytes), plan.cap_bytes)
     src = torch.ones(size // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch: page faults and allocator warm-up are not bandwidth
-    best = min(_timed_copy(dst, src, device) for _ in range(COPY_ROUNDS))
-    del src, dst
-    return Bandwidth(gbps=2 * size / best / 1e9, last_level_cache_bytes=llc)
+    copy = functools.partial(dst.copy_, src)
+    gbps = copy_bandwidth_gbps(copy, size, plan.stopwatch(), copies=plan.copies_per_reading, rounds=COPY_ROUNDS)
+    del src, dst, copy
+    return Bandwidth(gbps=gbps, last_level_cache_bytes=llc)
 
 
-def _timed_copy(dst: torch.Tensor, src: torch.Tensor, device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    dst.copy_(src)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - started
+def copy_bandwidth_gbps(
+    copy: Callable[[], object], bytes_per_copy: int, stopwatch: Stopwatch, copies: int, rounds: int
+) -> float:
+    """Bytes read + written per second / 1e9 by `copies` back-to-back copies per reading, best of `rounds`.
+
+    One untimed copy first: page faults and allocator warm-up are not bandwidth.
+    """
+    copy()
+    best = float("inf")
+    for _ in range(rounds):
+        stopwatch.start()
+        for _ in range(copies):
+            copy()
+        best = min(best, stopwatch.stop())
+    return 2 * bytes_per_copy * copies / best / 1e9
 
 
 def cpu_last_level_cache_bytes(cpu: int = 0) -> int | None:

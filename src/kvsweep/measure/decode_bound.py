@@ -21,9 +21,20 @@ def decode_weight_bytes(model: Any) -> int:
     return total if tied else total - embedding.numel() * embedding.element_size()
 
 
-def bandwidth_metrics(bytes_per_token: float, tpot_ms: float, bandwidth: Bandwidth) -> dict[str, float]:
-    """`decode_bytes_per_token`, `mem_bandwidth_gbps` and `decode_bandwidth_utilization`."""
-    metrics = {Metric.DECODE_BYTES_PER_TOKEN: float(bytes_per_token), Metric.MEM_BANDWIDTH_GBPS: bandwidth.gbps}
+def bandwidth_metrics(
+    bytes_per_token: float, tpot_ms: float, bandwidth: Bandwidth, host_link_bytes_per_token: float = 0.0
+) -> dict[str, float]:
+    """`decode_bytes_per_token`, `decode_host_link_bytes_per_token`, `mem_bandwidth_gbps` and
+    `decode_bandwidth_utilization`.
+
+    Utilization divides device-memory bytes by device-memory bandwidth only: what crosses the host link
+    (an offloaded cache's layers) is reported beside it, never mixed into it.
+    """
+    metrics = {
+        Metric.DECODE_BYTES_PER_TOKEN: float(bytes_per_token),
+        Metric.DECODE_HOST_LINK_BYTES_PER_TOKEN: float(host_link_bytes_per_token),
+        Metric.MEM_BANDWIDTH_GBPS: bandwidth.gbps,
+    }
     if tpot_ms > 0 and bandwidth.gbps > 0:
         metrics[Metric.DECODE_BANDWIDTH_UTILIZATION] = bytes_per_token / (tpot_ms / 1e3) / (bandwidth.gbps * 1e9)
     return metrics
