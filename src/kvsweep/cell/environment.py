@@ -1,13 +1,66 @@
-"""What a cell ran on, recorded with every result so numbers can be compared honestly."""
+"""What a cell ran on, recorded with every result so numbers can be compared honestly.
+
+The host's part needs no device and is found first; then the cell starts its device, and only then
+is the device described. A cell whose CUDA cannot start still reports which host, torch build and
+CUDA version it tried, with the reason CUDA gave.
+"""
 
 import os
 import platform
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+
+
+class CudaStartError(Exception):
+    """CUDA could not start in the cell's process (a driver older than the torch build, no device).
+
+    Not a `RuntimeError`: a driver that answers "out of memory" while starting is not the cell's OOM.
+    """
+
+
+def start_device(device: str, cuda_init: Callable[[], None] | None = None) -> None:
+    """Initialise CUDA now, before anything asks about it, so that a CUDA that cannot start fails here
+    with its own reason (`torch.cuda.init` raises it; `is_available` would only say False).
+
+    `cuda_init` replaces `torch.cuda.init` (a test seam: the `cuda_init` fault) and runs on any
+    device, so the failure can be seen on a host without a GPU.
+    """
+    if cuda_init is None and device != "cuda":
+        return
+    try:
+        (cuda_init or torch.cuda.init)()
+    except Exception as exc:
+        raise CudaStartError(f"CUDA could not start in the cell's process: {type(exc).__name__}: {exc}") from exc
+
+
+def describe_host(device: str) -> dict[str, Any]:
+    """What the cell's process found before touching its device: nothing here initialises CUDA."""
+    env: dict[str, Any] = {
+        "torch_version": str(torch.__version__),  # a plain str: a TorchVersion would import torch to unpickle
+        "transformers_version": str(transformers.__version__),
+        "torch_threads": torch.get_num_threads(),
+        "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
+        "hostname": socket.gethostname(),
+        "python_version": platform.python_version(),
+    }
+    if device == "cuda":
+        env["cuda_version"] = torch.version.cuda  # the build's CUDA, which the driver must support
+    return env
+
+
+def describe_device(device: str) -> dict[str, Any]:
+    """The device the cell measures on (on CUDA, once `start_device` has started it)."""
+    env: dict[str, Any] = {"device_name": device_name(device), "device_total_mem_bytes": device_total_bytes(device)}
+    if device == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        env["gpu_index"] = index
+        env["gpu_uuid"] = gpu_uuid(index)
+    return env
 
 
 def device_name(device: str) -> str:
@@ -20,25 +73,6 @@ def device_name(device: str) -> str:
     except OSError:
         pass
     return platform.processor() or "cpu"
-
-
-def describe_environment(device: str) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "device_name": device_name(device),
-        "torch_version": str(torch.__version__),  # a plain str: a TorchVersion would import torch to unpickle
-        "transformers_version": str(transformers.__version__),
-        "torch_threads": torch.get_num_threads(),
-        "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
-        "hostname": socket.gethostname(),
-        "python_version": platform.python_version(),
-        "device_total_mem_bytes": device_total_bytes(device),
-    }
-    if device == "cuda" and torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        env["cuda_version"] = torch.version.cuda
-        env["gpu_index"] = index
-        env["gpu_uuid"] = gpu_uuid(index)
-    return env
 
 
 def device_total_bytes(device: str) -> int:

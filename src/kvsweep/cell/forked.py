@@ -3,7 +3,8 @@
 Importing this module is the template's preload: torch, Transformers, the quantization backends when
 installed, and kvsweep's cell code, without touching CUDA. `forked_main` then takes on the cell's
 actor's view of the machine (its `CUDA_VISIBLE_DEVICES`, thread count and CPUs), watches that actor,
-measures the cell and sends the result back through the pipe.
+measures the cell and sends the result back through the pipe. Whatever fails in this process comes
+back as the cell's `error` result with its message, never as a bare exit code.
 """
 
 import contextlib
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,12 @@ import cloudpickle  # noqa: E402, F401  (what unpickles a request)
 import torch  # noqa: E402  (the preload: what a fresh process would spend seconds importing)
 import transformers  # noqa: E402, F401
 
-import kvsweep.cell.run  # noqa: E402, F401
 from kvsweep.cell.gate import GatedRun  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
+from kvsweep.cell.run import MAX_ERROR_CHARS, record_failure  # noqa: E402
+from kvsweep.grid import Cell, MeasureProtocol, cell_id  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402
+from kvsweep.results import ERROR, CellResult  # noqa: E402
 
 PRESET_MODEL_TYPES = sorted({preset.model_type for preset in PRESETS.values()})
 
@@ -58,27 +62,68 @@ def cuda_state() -> dict[str, bool]:
     return {"cuda_initialized": torch.cuda.is_initialized(), "libcuda_mapped": "libcuda.so" in maps}
 
 
+# The template's shortcut (`cell/template.py`): `torch.cuda.is_available()` then counts devices with
+# NVML instead of starting CUDA. A cell must not keep it: a GPU NVML counts may still be one CUDA
+# cannot start (a driver older than the torch build), and the cell would go on to fail somewhere
+# less clear. torch reads it at each call (`torch.cuda._nvml_based_avail`), so dropping it suffices.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
 def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
-    request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
-    if request.get("probe"):
-        preloaded = process_started_at() > PRELOADED_AT  # imported before this process was forked
-        conn.send({**cuda_state(), "forkserver_pid": os.getppid(), "preloaded": preloaded})
-        conn.close()
-        return
+    os.environ.pop(NVML_CHECK, None)  # first: before anything here can ask torch about CUDA
     started_at = time.time()
-    take_on_machine_view(request["env"], request.get("cpus"))
-    watch_owner(request["owner_pid"])
+    request: dict[str, Any] = {}
     timeline = {"imported_at": started_at}  # nothing to import: the template did
-    gate = GatedRun(request.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
-    result = gate.run(request["cell"], request["protocol"], request["testing"], request["options"])
-    result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
-    conn.send(result)
-    conn.close()
+    try:
+        request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
+        if request.get("probe"):
+            preloaded = process_started_at() > PRELOADED_AT  # imported before this process was forked
+            conn.send({**cuda_state(), "forkserver_pid": os.getppid(), "preloaded": preloaded})
+            conn.close()
+            return
+        take_on_machine_view(request["env"], request.get("cpus"))
+        watch_owner(request["owner_pid"])
+        gate = GatedRun(request.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
+        result = gate.run(request["cell"], request["protocol"], request["testing"], request["options"])
+    except BaseException as exc:  # anything at all: the actor must hear why, not just an exit code
+        result = failed_result(request, exc)
+    send_result(conn, result, request, timeline)
     # Done: leave now, without multiprocessing's exit work (finalizers, joining threads torch started),
     # so the cell's memory is free before the next cell starts.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def send_result(conn: Any, result: dict[str, Any], request: dict[str, Any], timeline: dict[str, float]) -> None:
+    """Send the cell's result (with this process's pid and timeline); one that cannot be sent is
+    replaced by the error saying why."""
+    try:
+        conn.send(_stamped(result, timeline))
+    except BaseException as exc:  # e.g. a stand-in runner's result that does not pickle
+        conn.send(_stamped(failed_result(request, exc), timeline))
+
+
+def _stamped(result: dict[str, Any], timeline: dict[str, float]) -> dict[str, Any]:
+    if "environment" in result:  # not in an unreadable request's answer
+        result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
+    return result
+
+
+def failed_result(request: dict[str, Any], exc: BaseException) -> dict[str, Any]:
+    """The cell's `error` result for an exception outside `run_cell` (its message and traceback).
+
+    When not even the cell can be read from the request, there is no result to build: the answer is
+    `{"unreadable_request": message, "traceback": ...}`, which the actor reports as the cell's error.
+    """
+    try:
+        cell, protocol = Cell(**request["cell"]), MeasureProtocol(**request["protocol"])
+    except Exception:
+        message = f"the cell's request could not be read: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        return {"unreadable_request": message, "traceback": "".join(traceback.format_exception(exc))[-8000:]}
+    result = CellResult(cell_id(cell, protocol), cell, ERROR)
+    record_failure(result, ERROR, exc)
+    return result.to_dict()
 
 
 def take_on_machine_view(env: dict[str, str | None], cpus: list[int] | None) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
 from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_no_recapture
-from kvsweep.cell.environment import describe_environment
+from kvsweep.cell.environment import describe_device, describe_host, start_device
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
@@ -37,7 +37,7 @@ from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
-from kvsweep.testing.faults import fault_for
+from kvsweep.testing.faults import cuda_init_for, fault_for
 
 MAX_ERROR_CHARS = 500
 
@@ -57,24 +57,28 @@ def run_cell(
     `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
     `strategies` are those the driver registered beyond the built-ins: this process learns them first.
     `cpus_per_cell` is what Ray reserved for the cell (0: not known), for `resolve_threads`.
+    Everything after reading the cell is inside the `try`: whatever fails (CUDA that cannot start
+    included) makes an `error` (or `oom`) result with its message, carrying the environment found so far.
     """
-    for strategy in strategies or []:
-        register(strategy)
     cell, protocol = Cell(**cell_data), MeasureProtocol(**protocol_data)
-    allowed_cpus = len(os.sched_getaffinity(0))
-    threads = resolve_threads(
-        protocol.device, protocol.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
-    )
-    torch.set_num_threads(threads.count)
-    warnings.filterwarnings("ignore")
-    environment = describe_environment(protocol.device)  # its torch_threads: the count set above
-    environment["threads_from"] = threads.source
-    result = CellResult(cell_id(cell, protocol), cell, OK, environment=environment)
+    result = CellResult(cell_id(cell, protocol), cell, OK)
+    faults = faults or []
     try:
-        _measure(cell, protocol, faults or [], trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
+        for strategy in strategies or []:
+            register(strategy)
+        allowed_cpus = len(os.sched_getaffinity(0))
+        threads = resolve_threads(
+            protocol.device, protocol.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
+        )
+        torch.set_num_threads(threads.count)
+        warnings.filterwarnings("ignore")
+        result.environment.update(describe_host(protocol.device), threads_from=threads.source)  # threads: set above
+        start_device(protocol.device, cuda_init_for(fault_for(cell.to_dict(), faults, during="start")))
+        result.environment.update(describe_device(protocol.device))
+        _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
-        _fail(result, OOM if kind else ERROR, exc)
+        record_failure(result, OOM if kind else ERROR, exc)
         if kind:
             result.tags[ResultTag.OOM_KIND] = kind
     return result.to_dict()
@@ -93,11 +97,15 @@ def sampling_rules(protocol: MeasureProtocol, niceness: int) -> SamplingRules:
     )
 
 
-def _fail(result: CellResult, status: str, exc: BaseException) -> None:
+def record_failure(result: CellResult, status: str, exc: BaseException) -> None:
+    """The cell failed: its status, the exception's message and traceback; CUDA's cached memory freed.
+
+    Only when CUDA has started: asking `is_available` would start it, and it may be what failed.
+    """
     result.status = status
     result.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     result.traceback = "".join(traceback.format_exception(exc))[-8000:]
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 

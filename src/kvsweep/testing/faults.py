@@ -2,25 +2,46 @@
 
 A fault fires from inside `generate` (as a logits processor on the first new token), so the error
 travels the same path a real one would: a real `torch.OutOfMemoryError`, a real hang, a real
-process exit. With no faults configured nothing here runs.
+process exit. `cuda_init` replaces CUDA's initialisation when the cell starts its device. With no
+faults configured nothing here runs.
 """
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor
 
+from kvsweep.testing.fault_kinds import default_phase
+
+# torch's own words when the driver is older than the CUDA the build needs (c10/cuda's driver check).
+DRIVER_TOO_OLD = (
+    "The NVIDIA driver on your system is too old (found version 12040). Please update your GPU driver by "
+    "downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx "
+    "Alternatively, go to: https://pytorch.org to install a PyTorch version that has been compiled with your "
+    "version of the CUDA driver. (injected by test)"
+)
+
 
 def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]], during: str = "measure") -> str | None:
     """The first fault for this phase whose `match` fields all equal the cell's."""
     for fault in faults:
-        if fault.get("during", "measure") != during:
+        if (fault.get("during") or default_phase(fault["fault"])) != during:
             continue
         if all(str(cell.get(key)) == str(value) for key, value in fault.get("match", {}).items()):
             return fault["fault"]
     return None
+
+
+def cuda_init_for(fault: str | None) -> Callable[[], None] | None:
+    """What starts CUDA in place of `torch.cuda.init` for the `start` phase's fault (None: CUDA's own)."""
+    return _driver_too_old if fault == "cuda_init" else None
+
+
+def _driver_too_old() -> None:
+    raise RuntimeError(DRIVER_TOO_OLD)
 
 
 class InjectFault(LogitsProcessor):

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvsweep.errors import ConfigError
-from kvsweep.testing.fault_kinds import FAULTS, PHASES
+from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
 
 FAULT_KEYS = ("match", "fault", "during")
 SEAM_KEYS = ("faults", "runner", "sleep_s")
@@ -38,7 +38,8 @@ def seams_from(raw: dict[str, Any] | None) -> Seams:
 
 
 def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
-    fault = {"match": {}, "fault": "error", "during": "measure", **given}
+    fault = {"match": {}, "fault": "error", **given}
+    fault.setdefault("during", default_phase(str(fault["fault"])))
     unknown = sorted(set(fault) - set(FAULT_KEYS))
     if unknown:
         raise ConfigError(f"testing.faults[{i}].{unknown[0]}: unknown key; allowed: {', '.join(FAULT_KEYS)}")
@@ -48,4 +49,8 @@ def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"testing.faults[{i}].during: unknown phase {fault['during']!r}; allowed: {', '.join(PHASES)}"
         )
+    if (fault["fault"] in START_FAULTS) != (fault["during"] == "start"):
+        fires = "when the cell starts its device" if fault["fault"] in START_FAULTS else "inside generate"
+        allowed = "start" if fault["fault"] in START_FAULTS else "measure or quality"
+        raise ConfigError(f"testing.faults[{i}].during: {fault['fault']} fires {fires}; during must be {allowed}")
     return fault

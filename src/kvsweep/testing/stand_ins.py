@@ -51,3 +51,14 @@ def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
     result.environment["found"] = found
     return result.to_dict()
+
+
+def environ_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+    """Reports the names of the process's environment variables (`environment.environ_names`); names
+    only, so that no secret's value reaches a result."""
+    import os
+
+    the_cell = Cell(**cell)
+    result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
+    result.environment["environ_names"] = sorted(os.environ)
+    return result.to_dict()

@@ -1,0 +1,122 @@
+"""A cell that fails anywhere in its process reports why, as an `error` result with the message.
+
+The case that matters on a GPU node: CUDA cannot start (a driver older than the torch build). The
+`cuda_init` fault makes CUDA's initialisation raise torch's own "driver too old" error, on any host.
+"""
+
+import os
+import pickle
+import socket
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+
+from conftest import cell_runs
+from kvsweep.cell.run import run_cell
+from kvsweep.errors import ConfigError
+from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.testing.seams import seams_from
+from kvsweep.tracking.journal import Journal
+
+CELL = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False)
+PROTOCOL = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
+DRIVER_TOO_OLD = "The NVIDIA driver on your system is too old"  # torch's words, which the fault repeats
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def test_cuda_that_cannot_start_is_an_error_with_its_reason_and_the_host_found_so_far():
+    faults = seams_from({"faults": [{"fault": "cuda_init"}]}).faults
+    result = run_cell(CELL.to_dict(), PROTOCOL.to_dict(), faults)
+    assert result["status"] == "error"
+    assert "CUDA" in result["error"] and DRIVER_TOO_OLD in result["error"], result["error"]
+    assert DRIVER_TOO_OLD in result["traceback"]
+    environment = result["environment"]  # the host's part was found before the device failed
+    assert environment["hostname"] == socket.gethostname()
+    assert environment["torch_version"] == torch.__version__
+    assert "device_name" not in environment  # the device was never described: it never started
+    assert not result["metrics"]  # nothing was measured
+
+
+def test_cuda_init_fires_when_the_cell_starts_its_device_and_nowhere_else():
+    assert seams_from({"faults": [{"fault": "cuda_init"}]}).faults[0]["during"] == "start"
+    assert seams_from({"faults": [{"fault": "oom"}]}).faults[0]["during"] == "measure"
+    with pytest.raises(ConfigError, match=r"testing.faults\[0\].during: cuda_init fires when the cell starts"):
+        seams_from({"faults": [{"fault": "cuda_init", "during": "measure"}]})
+    with pytest.raises(ConfigError, match=r"testing.faults\[0\].during: error fires inside generate"):
+        seams_from({"faults": [{"fault": "error", "during": "start"}]})
+
+
+def _request(**testing) -> bytes:
+    """What a cell's actor sends its template (`CellActor._forked`), cloudpickled."""
+    request = {
+        "cell": CELL.to_dict(),
+        "protocol": PROTOCOL.to_dict(),
+        "testing": seams_from(testing).to_dict(),
+        "options": {},
+        "env": {"CUDA_VISIBLE_DEVICES": None, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": None},
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "owner_pid": os.getpid(),
+        "gate_path": "",
+    }
+    return cloudpickle.dumps(request)
+
+
+def _environ_names(pid: int) -> set[str]:
+    """The variables a process started with, read by the kernel (`/proc/PID/environ`)."""
+    return {entry.split(b"=", 1)[0].decode() for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")}
+
+
+@pytest.fixture(scope="module")
+def template():
+    """A warm template in this process (its forkserver is real); this process's NVML setting restored after."""
+    from kvsweep.cell.template import CellTemplate
+
+    before = os.environ.get(NVML_CHECK)
+    yield CellTemplate()
+    if before is None:
+        os.environ.pop(NVML_CHECK, None)
+    else:
+        os.environ[NVML_CHECK] = before
+
+
+@pytest.mark.slow
+def test_whatever_fails_in_a_forked_cell_comes_back_as_its_error_never_an_exit_code(template):
+    # CUDA that cannot start: the cell's error says why (before: exit code 1, `crashed`, retried)
+    reply = template.measure(_request(faults=[{"fault": "cuda_init"}]))
+    assert reply["exitcode"] == 0
+    assert reply["result"]["status"] == "error" and DRIVER_TOO_OLD in reply["result"]["error"]
+    assert reply["result"]["environment"]["forked"]["pid"] == reply["pid"]  # measured in the forked process
+
+    # outside `run_cell`: a runner that is not there
+    reply = template.measure(_request(runner="kvsweep.testing.stand_ins:no_such_runner"))
+    assert reply["exitcode"] == 0
+    assert reply["result"]["status"] == "error" and "no_such_runner" in reply["result"]["error"]
+    assert reply["result"]["cell"] == CELL.to_dict()
+
+    # not even the cell can be read: the answer still says why
+    reply = template.measure(pickle.dumps({"cell": CELL.to_dict()})[:-8])  # cut short
+    assert reply["exitcode"] == 0
+    assert "could not be read" in reply["result"]["unreadable_request"]
+
+
+@pytest.mark.slow
+def test_the_cell_drops_the_templates_nvml_shortcut_before_anything_asks_about_cuda(template):
+    assert NVML_CHECK in _environ_names(template.state["forkserver_pid"])  # the template keeps it
+    reply = template.measure(_request(runner="kvsweep.testing.stand_ins:environ_cell"))
+    assert reply["result"]["status"] == "ok", reply["result"]["error"]
+    names = set(reply["result"]["environment"]["environ_names"])
+    assert "OMP_NUM_THREADS" in names  # the reading works: a variable the request set is seen
+    assert NVML_CHECK not in names
+
+
+def test_a_sweeps_cell_whose_cuda_cannot_start_is_an_error_on_its_first_attempt(run_sweep):
+    run = run_sweep("grid.caches=[dynamic]", "+testing.faults=[{fault:cuda_init}]")
+    assert run.code == 1, run.out + run.err
+    (result,) = Journal(run.run_dir).read().results
+    assert result.status == "error" and result.attempt == 1  # not `crashed`, not retried
+    assert "CUDA" in result.error and DRIVER_TOO_OLD in result.error
+    _, (child,) = cell_runs(run.tracking_uri)
+    assert child.data.tags["kvsweep.status"] == "error" and child.data.tags["kvsweep.attempt"] == "1"
+    assert DRIVER_TOO_OLD in child.data.tags["kvsweep.error"]
