@@ -120,13 +120,43 @@ def test_cells_predicted_not_to_fit_are_skipped_on_cuda():
     shape, params = kv_shape(config), parameter_count(config)
     small = Cell("llama-3.1-8b", "bfloat16", 4096, 1, 128, "dynamic", False)
     huge = Cell("llama-3.1-8b", "bfloat16", 130944, 4, 128, "dynamic", False)
-    gpu = 80 * 1024**3
+    gpu = 80 * 10**9
     assert plan_cell(small, "cuda", shape, parameters=params, device_bytes=gpu).runs
     skipped = plan_cell(huge, "cuda", shape, parameters=params, device_bytes=gpu)
-    assert skipped.skip_reason.startswith("predicted oom: needs") and "of 80.0 GiB" in skipped.skip_reason
+    assert skipped.skip_reason.startswith("predicted oom: needs") and "of 80.0 GB" in skipped.skip_reason
     assert plan_cell(huge, "cuda", shape, parameters=params, device_bytes=gpu, skip_predicted_oom=False).runs
     assert skipped.memory.weights_bytes == params * 2 and params == 8_030_261_248  # Llama-3.1-8B's published size
     quantized = plan_cell(
         Cell(**{**huge.to_dict(), "cache": "quantized-hqq-int2"}), "cuda", shape, parameters=params, device_bytes=gpu
     )
     assert quantized.memory.kv_device_bytes < skipped.memory.kv_device_bytes / 6
+
+
+def test_planner_device_memory_gb_counts_gigabytes_as_its_name_says():
+    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, detect_device_bytes, fits
+
+    assert detect_device_bytes("cuda", 80) == 80_000_000_000
+    assert detect_device_bytes("cuda", 0.5) == 500_000_000
+    # A cell needing 79.9e9 bytes at its peak, plus the 1 GiB kept for the CUDA context, is 81.0e9: it
+    # does not fit an 80 GB card. Read as GiB, 80 was 85.9e9 bytes and the cell was predicted to fit.
+    cell = MemoryEstimate(weights_bytes=70 * 10**9, kv_device_bytes=9 * 10**9, working_bytes=9 * 10**8)
+    assert cell.peak_bytes == 79_900_000_000 and CUDA_CONTEXT_BYTES == 2**30
+    assert not fits(cell, detect_device_bytes("cuda", 80))
+    assert fits(cell, 80 * 2**30)  # the old reading
+    assert fits(cell, detect_device_bytes("cuda", 81.1))
+
+
+def test_the_plan_says_what_sizes_it_fits_cells_against_with_their_units():
+    from kvsweep.config.compose import compose_config
+    from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text
+
+    overrides = ["+sweep=long_context", "planner.device_memory_gb=80", "planner.host_memory_gb=512"]
+    cfg = compose_config(overrides).config
+    limits = plan_limits(cfg, "cuda")
+    assert limits.device_bytes == 80 * 10**9 and limits.host.memory_bytes == 512 * 10**9
+    planned, problems = plan_sweep(cfg, "cuda", limits)
+    lines = plan_text(planned, problems, "cuda", limits).splitlines()
+    assert lines[1] == "device memory 80.0 GB (planner.device_memory_gb)"
+    assert lines[2].startswith("offloaded caches: host memory 512.0 GB (planner.host_memory_gb), host link 25 GB/s")
+    unknown = plan_limits(compose_config(["+sweep=long_context"]).config, "cpu")
+    assert unknown.device_bytes is None and "device memory" not in plan_text([], {}, "cpu", unknown)

@@ -86,7 +86,12 @@ class MeasureConfig:
         "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)",
         Bound(0, 1, low_open=True, meaning="a share of the cell's CPUs; 1 = off"),
     )
-    max_discarded: int = _help(8, "contended calls re-run per cell before its numbers are kept and tagged", AT_LEAST_0)
+    max_discarded: int = _help(
+        8,
+        "contended calls re-run per cell before its numbers are kept and tagged (the planner counts them all "
+        "in an offloaded cell's time)",
+        AT_LEAST_0,
+    )
     target_rel_ci: float = _help(
         0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)", AT_LEAST_0
     )
@@ -122,11 +127,13 @@ class MlflowConfig:
 @dataclass
 class PlannerConfig:
     device_memory_gb: float = _help(
-        0.0, "size of the smallest GPU cells may land on; 0 = the local GPU's, if any", AT_LEAST_0
+        0.0, "size of the smallest GPU cells may land on, in GB (1e9 bytes); 0 = the local GPU's, if any", AT_LEAST_0
     )
     skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
     host_memory_gb: float = _help(
-        0.0, "host memory of a GPU node, for offloaded caches; 0 = this machine's", AT_LEAST_0
+        0.0,
+        "host memory of a GPU node in GB (1e9 bytes), for offloaded caches' pinned blocks; 0 = this machine's",
+        AT_LEAST_0,
     )
     host_link_gbps: float = _help(
         25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)", POSITIVE

@@ -1,4 +1,5 @@
-"""What each cell's actor reserves from Ray: its CPUs (auto for GPU cells) and whether spares wait for it.
+"""What each cell's actor reserves from Ray: its CPUs (auto for GPU cells), host memory for an offloaded
+cache's pinned blocks, and whether spares wait for it.
 
 Apart from the scheduler: pure arithmetic on the cluster's node resources, tested without a cluster.
 """
@@ -6,7 +7,7 @@ Apart from the scheduler: pure arithmetic on the cluster's node resources, teste
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvsweep.driver.ray_session import CellNeeds
+from kvsweep.driver.ray_session import CellNeeds, can_hold
 
 
 def spares_wanted(prestart: int, needs: CellNeeds) -> int:
@@ -32,14 +33,28 @@ def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> i
     if needs.gpus <= 0:
         return 1
     wanted = {k: v for k, v in needs.as_resources().items() if k != "CPU"}
-    shares = [
-        int(node.get("CPU", 0.0) * needs.gpus // node["GPU"])
-        for node in nodes
-        if all(node.get(k, 0.0) >= v for k, v in wanted.items())
-    ]
+    shares = [int(node.get("CPU", 0.0) * needs.gpus // node["GPU"]) for node in nodes if can_hold(node, wanted)]
     return max(1, min(GPU_CELL_MAX_CPUS, min((s for s in shares if s >= 1), default=1)))
 
 
 def with_cpus_resolved(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> CellNeeds:
     """`needs` with an auto CPU count (0) replaced by `auto_cpus_per_cell`; an explicit count as it is."""
     return needs if needs.cpus > 0 else replace(needs, cpus=auto_cpus_per_cell(needs, nodes))
+
+
+def memory_ask(host_bytes: int, needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
+    """Bytes of Ray's `memory` resource a cell's actor reserves: the pinned host memory its offloaded
+    cache is predicted to hold (`plan/offload.py`), so that Ray puts side by side on a node only the
+    offloaded cells whose pinned blocks fit its memory (a node's `memory` is what it had free when Ray
+    started there, less its object store), and holds the next one back until one of them ends.
+
+    At most the most that any node able to hold the cell offers: Ray would keep an actor that asks for
+    more pending forever; asking for all of a node's memory, the cell runs there with no other
+    offloaded cell beside it. (Blocks larger than the host's memory outright are planned as
+    `predicted host oom` and never get here.) 0: no ask (no offloading, or no node reports memory).
+    """
+    if host_bytes <= 0:
+        return 0
+    wanted = needs.as_resources()
+    offered = max((node.get("memory", 0.0) for node in nodes if can_hold(node, wanted)), default=0.0)
+    return int(min(host_bytes, offered))

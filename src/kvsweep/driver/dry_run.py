@@ -12,7 +12,7 @@ from typing import TextIO
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
 from kvsweep.plan.memory import local_gpu_bytes
-from kvsweep.plan.sweep_plan import plan_sweep, plan_text
+from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text
 from kvsweep.redact import redact_text
 
 
@@ -21,8 +21,10 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None) -> int:
     device = (
         cfg.device if cfg.device != "auto" else ray_session.resolve_device("auto", cluster_resources(cfg.ray.address))
     )
-    planned, problems = plan_sweep(cfg, device)
-    print(redact_text(f"sweep {cfg.name} (dry run)\n{plan_text(planned, problems, device)}"), file=out or sys.stdout)
+    limits = plan_limits(cfg, device)
+    planned, problems = plan_sweep(cfg, device, limits)
+    text = plan_text(planned, problems, device, limits)
+    print(redact_text(f"sweep {cfg.name} (dry run)\n{text}"), file=out or sys.stdout)
     return 0
 
 

@@ -92,13 +92,18 @@ ACCELERATOR_PREFIX = "accelerator_type:"
 BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
 
 
+def can_hold(node: dict[str, float], wanted: dict[str, float]) -> bool:
+    """Whether a node's resources (`ray.nodes()`'s `Resources`) cover every one of `wanted`."""
+    return all(node.get(k, 0.0) >= v for k, v in wanted.items())
+
+
 def check_fits(needs: CellNeeds) -> None:
     """Work no node can hold waits forever in Ray: refuse it up front, saying what the cluster has."""
     import ray
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     wanted = needs.as_resources()
-    if any(all(node.get(k, 0.0) >= v for k, v in wanted.items()) for node in nodes):
+    if any(can_hold(node, wanted) for node in nodes):
         return
     kinds = sorted({k.removeprefix(ACCELERATOR_PREFIX) for n in nodes for k in n if k.startswith(ACCELERATOR_PREFIX)})
     custom = sorted(

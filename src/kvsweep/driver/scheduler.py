@@ -25,6 +25,11 @@ and CUDA can only be initialised in the cell's own forked process, once its acto
 CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here against the cluster
 (`driver/cell_resources.py`), and each cell is told the result so that its torch threads match it
 (`cell/threads.py`).
+
+Host memory: a job with predicted pinned host memory (an offloaded cache, `Job.host_memory_bytes`)
+has its actor reserve that much of Ray's `memory` resource (`cell_resources.memory_ask`), so a node
+runs at once only the offloaded cells whose pinned blocks fit it; the next waits for Ray to place it.
+Its timeout counts from when Ray has placed it and its actor is up, not while it waits for memory.
 """
 
 import contextlib
@@ -37,7 +42,7 @@ from typing import Any
 import ray
 
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
-from kvsweep.driver.cell_resources import spares_wanted, with_cpus_resolved
+from kvsweep.driver.cell_resources import memory_ask, spares_wanted, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.templates import Templates
 from kvsweep.errors import first_line
@@ -62,6 +67,7 @@ class Job:
     cell_id: str
     cell: Cell
     attempt: int = 1
+    host_memory_bytes: int = 0  # pinned host memory the plan predicts (offloaded caches): reserved from Ray
 
 
 @dataclass
@@ -69,6 +75,16 @@ class _Running:
     job: Job
     actor: Any
     started: float = field(default_factory=time.monotonic)
+    placing: Any = None  # ObjectRef of `ready()` while Ray has yet to place an actor waiting for memory
+
+    def timed_out(self, now: float, timeout_s: float) -> bool:
+        """Past its timeout, counted from when its actor was up (an actor waiting for memory is not running)."""
+        if self.placing is not None:
+            placed, _ = ray.wait([self.placing], timeout=0)
+            if not placed:
+                return False
+            self.placing, self.started = None, now
+        return now - self.started > timeout_s
 
 
 @dataclass
@@ -89,7 +105,8 @@ class CellScheduler:
         """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies);
         `cpus_per_cell` is added here."""
         self.protocol = protocol
-        self.needs = with_cpus_resolved(limits.needs, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        self.nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        self.needs = with_cpus_resolved(limits.needs, self.nodes)
         self.limits = replace(limits, needs=self.needs)
         self.testing = testing or {}
         self.options = {**(options or {}), "cpus_per_cell": self.needs.cpus}
@@ -123,7 +140,7 @@ class CellScheduler:
                 finished = [(ref, _collect(ref, self.running[ref])) for ref in ready]
                 now = time.monotonic()
                 for ref, entry in self.running.items():
-                    if ref not in ready and now - entry.started > self.limits.cell_timeout_s:
+                    if ref not in ready and entry.timed_out(now, self.limits.cell_timeout_s):
                         message = f"no result after {self.limits.cell_timeout_s:g} s; actor killed"
                         finished.append((ref, _driver_result(entry, TIMEOUT, message)))
                 results = []
@@ -131,7 +148,7 @@ class CellScheduler:
                     entry = self.running.pop(ref)
                     ray.kill(entry.actor, no_restart=True)  # frees its GPU for the next cell at once
                     if result.status in RETRIED_STATUSES and entry.job.attempt <= self.limits.max_retries:
-                        waiting.appendleft(Job(entry.job.cell_id, entry.job.cell, entry.job.attempt + 1))
+                        waiting.appendleft(replace(entry.job, attempt=entry.job.attempt + 1))
                         continue
                     results.append(result)
                 # The next cells start before the finished ones are logged, unless one is an OOM that
@@ -158,9 +175,11 @@ class CellScheduler:
             if answered is not None:
                 on_result(answered)
                 continue
-            actor = self._actor()
+            ask = memory_ask(job.host_memory_bytes, self.needs, self.nodes)
+            actor = self.actor_class.options(memory=ask).remote("", time.time(), self.gated) if ask else self._actor()
+            placing = actor.ready.remote() if ask else None  # before `run`: an actor runs its calls in order
             ref = actor.run.remote(job.cell.to_dict(), self.protocol, self.testing, self.options, self.forked)
-            self.running[ref] = _Running(job, actor)
+            self.running[ref] = _Running(job, actor, placing=placing)
             started.append(job)
         self._prestart(len(waiting))
         for job in started:

@@ -20,7 +20,7 @@ from kvsweep.grid import MeasureProtocol, cell_id
 from kvsweep.model_names import display_names
 from kvsweep.models.presets import shape_only_tags
 from kvsweep.plan.cell_plan import PlannedCell
-from kvsweep.plan.sweep_plan import plan_sweep, plan_text, predicted_metrics, protocol_of
+from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
 from kvsweep.testing.seams import Seams
@@ -173,10 +173,11 @@ class SweepRun:
 
     def plan(self) -> None:
         device = self.connected.device
-        cells, problems = plan_sweep(self.cfg, device)
+        limits = plan_limits(self.cfg, device)
+        cells, problems = plan_sweep(self.cfg, device, limits)
         self._planned = Planned(protocol_of(self.cfg.measure, device), cells, problems)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device)))
+        (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device, limits)))
 
     def open_tracking(self) -> None:
         """The journal first (results are on disk before MLflow sees them), then the MLflow sink."""
@@ -242,7 +243,7 @@ class SweepRun:
             elif not p.runs:
                 self.record(CellResult(cid, p.cell, SKIPPED, error=p.skip_reason or ""), ran=False)
             else:
-                jobs.append(Job(cid, p.cell))
+                jobs.append(Job(cid, p.cell, host_memory_bytes=p.offload.host_bytes if p.offload else 0))
         if done:
             self.say(
                 f"resuming: {len(done)} of {len(planned.cells)} cells already have results in parent run "

@@ -9,8 +9,9 @@ from kvsweep.caches.native_build import Toolchain, build_problem
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
-from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, GIB, MemoryEstimate, estimate_peak, fits
+from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
+from kvsweep.units import GB
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,12 @@ def plan_cell(
     gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
     if reason is None and memory is not None and gpu_known and not fits(memory, device_bytes or 0):
         reason = (
-            f"predicted oom: needs {memory.peak_bytes / GIB:.1f} GiB "
-            f"(+{CUDA_CONTEXT_BYTES / GIB:.0f} GiB CUDA context) of {(device_bytes or 0) / GIB:.1f} GiB"
+            f"predicted oom: needs {memory.peak_bytes / GB:.1f} GB "
+            f"(+{CUDA_CONTEXT_BYTES / GB:.1f} GB CUDA context) of {(device_bytes or 0) / GB:.1f} GB"
         )
     offload = None
     if device == "cuda" and shape is not None and host is not None:
-        offload = estimate_offload(cell, strategy, shape, host.link_gbps, host.calls)
+        offload = estimate_offload(cell, strategy, shape, host.link_gbps, host.protocol)
         if reason is None and offload is not None and skip_predicted_oom:
             reason = offload_problem(offload, host.timeout_s, host.memory_bytes)
     return PlannedCell(cell, reason, dense, stored, memory, offload)

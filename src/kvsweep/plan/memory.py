@@ -16,10 +16,10 @@ from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_stored_kv_bytes
+from kvsweep.units import GB
 
-GIB = 1024**3
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
-CUDA_CONTEXT_BYTES = 1 * GIB
+CUDA_CONTEXT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,10 @@ def fits(estimate: MemoryEstimate, device_bytes: int) -> bool:
 
 
 def detect_device_bytes(device: str, configured_gb: float) -> int | None:
-    """Smallest GPU a cell may land on: the configured size, else the smallest local GPU, else unknown."""
+    """Smallest GPU a cell may land on: the configured size in GB (1e9 bytes, as the key says: 80 is
+    80e9 bytes, less than the 85.5e9 an "80 GB" H100 has), else the smallest local GPU, else unknown."""
     if configured_gb > 0:
-        return int(configured_gb * GIB)
+        return int(configured_gb * GB)
     if device != "cuda":
         return None
     sizes = local_gpu_bytes()

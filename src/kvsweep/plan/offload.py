@@ -1,30 +1,49 @@
-"""What an offloaded cache costs the host: pinned memory, and a round trip over the host link per token.
+"""What an offloaded cache costs the host: pinned memory, and every layer over the host link per token.
 
-Transformers' offloaded caches keep a layer or two on the device and the rest in pinned host
-memory; every decode step brings each layer to the device and sends it back, whole. At long
-context that is the cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB
-per token, seconds over PCIe), enough for a cell to run into its timeout and be retried for
-nothing. CUDA's host allocator rounds each pinned block up to a power of two, so just above one
-the host holds nearly twice the cache. The planner skips such cells with the reason, before they run.
+Transformers' offloaded caches (a `Cache` built with `offloading=True`) keep each layer in host memory
+between its uses: before layer i's update the next layer is prefetched to the device
+(`.to(device, non_blocking=True)` on a side stream), and after the update layer i goes back
+(`.to("cpu", non_blocking=True)`). So the prefill writes the whole cache to the host and brings the
+first layer back, and every decode step moves each layer there and back, whole: at long context the
+cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB per token, seconds
+over PCIe), enough for a cell to run past its timeout and be retried for nothing. The cell's time
+is these transfers over the most calls its measurement rules allow (`plan/calls.py`).
+
+Pinned memory: a non-blocking copy from the GPU allocates its host tensor pinned, from CUDA's caching
+host allocator, which rounds each block up to a power of two, reuses a freed block only for a request
+of the same rounded size, and keeps freed blocks until the process ends. Every offload allocates
+anew: a dynamic layer grows on the device (`torch.cat`) and comes back in a new host tensor; a static
+layer comes back at its one, reserved, size. Every layer passes through the host (the two on the
+device at any moment too), so the blocks alive at the peak are, for each layer's keys and values, one
+block of every rounded size the tensor takes in a call: the prefill's and the decode lengths'. From
+4k to 64k tokens the keys of one long_context layer after the prefill are exactly a power of two, so
+the first decoded token moves them to the next one and the prefill-size blocks stay cached beside
+the new ones: at 65,536 x 4, 64 x (2**29 + 2**30) bytes = 103 GB, not the 64 GB the final length
+alone would round to. Later calls reuse the same blocks (the same sizes), and each cell has its own
+process, so that is the cell's peak. (A freed block is reused only once the copy that read it is done;
+a host thread far ahead of its copies can briefly hold more than one block per tensor and size.)
 """
 
 import os
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.grid import Cell
+from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
-from kvsweep.plan.kv_bytes import cell_stored_kv_bytes, mean_decode_kv_bytes
-
-GB = 1e9
+from kvsweep.plan.calls import CallCount, worst_case_calls
+from kvsweep.plan.kv_bytes import mean_decode_kv_bytes
+from kvsweep.units import GB
 
 
 @dataclass(frozen=True)
 class OffloadEstimate:
-    host_bytes: int  # pinned host memory of the offloaded layers, blocks rounded up to powers of two
+    host_bytes: int  # pinned host blocks alive at the peak (`pinned_host_bytes`)
+    prefill_bytes: float  # the prefill's cache to the host, and its first layer back to the device
     moved_bytes_per_token: float  # to the device and back, every layer, averaged over the decode
     seconds_per_token: float  # at the configured host link speed
-    cell_seconds: float  # transfers of every call the cell makes (cold, warmup, repeats, quality)
+    call_seconds: float  # one call's transfers: its prefill and its decode steps
+    calls: CallCount  # the most calls the cell can make
+    cell_seconds: float  # call_seconds x every one of those calls
 
 
 @dataclass(frozen=True)
@@ -34,13 +53,13 @@ class HostLimits:
     memory_bytes: int | None
     link_gbps: float
     timeout_s: float
-    calls: int  # generate calls a cell makes: cold, warmup, repeats, quality
+    protocol: MeasureProtocol  # how the cell is measured: how many calls it can make
 
 
-def host_limits(planner_memory_gb: float, link_gbps: float, timeout_s: float, warmup: int, repeats: int) -> HostLimits:
+def host_limits(planner_memory_gb: float, link_gbps: float, timeout_s: float, protocol: MeasureProtocol) -> HostLimits:
     """The configured host memory, else this machine's (the driver usually runs on a node like the others)."""
     memory = int(planner_memory_gb * GB) if planner_memory_gb > 0 else physical_memory_bytes()
-    return HostLimits(memory, link_gbps, timeout_s, calls=1 + warmup + repeats + 1)
+    return HostLimits(memory, link_gbps, timeout_s, protocol)
 
 
 def physical_memory_bytes() -> int | None:
@@ -54,21 +73,44 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def offloaded_cache_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape, decoded: int) -> int:
+    """The whole cache as it goes to the host after `decoded` decode steps (0: the prefill); a static
+    layout is allocated at its full length before the prefill writes into it."""
+    if strategy.preallocates:
+        decoded = cell.max_new_tokens - 1
+    return strategy.held_bytes(shape, cell.batch_size, cell.dtype, cell.context_length, decoded)
+
+
+def pinned_host_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> int:
+    """Every layer's keys and values, one block for each power of two they are rounded to during a call:
+    after the prefill (decoded 0) and after each decode step (see the module docstring)."""
+    layers = max(shape.layers, 1)
+    held = (offloaded_cache_bytes(cell, strategy, shape, decoded) for decoded in range(cell.max_new_tokens))
+    sizes = {next_power_of_two(total // (2 * layers)) for total in held}
+    return 2 * layers * sum(sizes)
+
+
+def prefill_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> float:
+    """The prefill offloads every layer once, then prefetches the first for the next step."""
+    layers = max(shape.layers, 1)
+    return offloaded_cache_bytes(cell, strategy, shape, 0) * (layers + 1) / layers
+
+
 def estimate_offload(
-    cell: Cell, strategy: CacheStrategy, shape: KvShape, link_gbps: float, calls: int
+    cell: Cell, strategy: CacheStrategy, shape: KvShape, link_gbps: float, protocol: MeasureProtocol
 ) -> OffloadEstimate | None:
     """None for a cache that does not offload."""
     if strategy.device_layers is None:
         return None
-    stored = cell_stored_kv_bytes(cell, shape)
-    layers = max(shape.layers, 1)
-    tensor = stored // (2 * layers)  # one layer's keys, or its values
-    host_layers = max(layers - strategy.device_layers, 0)
-    host = 2 * host_layers * next_power_of_two(tensor)
+    link = link_gbps * GB
+    prefill = prefill_bytes(cell, strategy, shape)
     mean = mean_decode_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens)
     moved = 2 * mean  # there and back
-    per_token = moved / (link_gbps * GB)
-    return OffloadEstimate(host, moved, per_token, calls * cell.max_new_tokens * per_token)
+    decode_steps = cell.max_new_tokens - 1  # the first token comes from the prefill
+    call_s = (prefill + decode_steps * moved) / link
+    calls = worst_case_calls(protocol, call_s)
+    host = pinned_host_bytes(cell, strategy, shape)
+    return OffloadEstimate(host, prefill, moved, moved / link, call_s, calls, calls.total * call_s)
 
 
 def offload_problem(estimate: OffloadEstimate, timeout_s: float, host_memory_bytes: int | None) -> str | None:
@@ -76,12 +118,16 @@ def offload_problem(estimate: OffloadEstimate, timeout_s: float, host_memory_byt
     if host_memory_bytes and estimate.host_bytes > host_memory_bytes:
         return (
             f"predicted host oom: offloaded layers need {estimate.host_bytes / GB:.1f} GB of pinned host memory "
-            f"(blocks round up to powers of two) of {host_memory_bytes / GB:.1f} GB"
+            f"(blocks round up to powers of two; the prefill's stay cached) of {host_memory_bytes / GB:.1f} GB"
         )
     if timeout_s > 0 and estimate.cell_seconds > timeout_s:
+        calls = estimate.calls
         return (
             f"predicted timeout: {estimate.moved_bytes_per_token / GB:.1f} GB to the device and back per token "
-            f"({estimate.seconds_per_token:.2f} s at planner.host_link_gbps) makes {estimate.cell_seconds:.0f} s "
-            f"over the cell's calls, beyond ray.cell_timeout_s={timeout_s:g}; shorten the context or raise the timeout"
+            f"({estimate.seconds_per_token:.2f} s at planner.host_link_gbps) and {estimate.prefill_bytes / GB:.1f} GB "
+            f"per prefill make {estimate.call_seconds:.0f} s per call; {calls.total} calls at most (cold "
+            f"{calls.cold}, warmup {calls.warmup}, measured {calls.kept} + {calls.discarded} re-run, quality "
+            f"{calls.quality}) make {estimate.cell_seconds:.0f} s, beyond ray.cell_timeout_s={timeout_s:g}; "
+            "shorten the context or raise the timeout"
         )
     return None

@@ -1,6 +1,6 @@
 """Planning a whole sweep before anything runs: model facts, each cell's plan, the dry run."""
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.grid import MeasureProtocol, expand_grid
@@ -9,8 +9,8 @@ from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import detect_device_bytes
-from kvsweep.plan.offload import host_limits
-from kvsweep.units import MIB
+from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
+from kvsweep.units import GB, MIB
 
 
 def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, ModelFacts], dict[str, str]]:
@@ -29,15 +29,36 @@ def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, M
     return facts, problems
 
 
-def plan_sweep(cfg: KvSweepConfig, device: str) -> tuple[list[PlannedCell], dict[str, str]]:
-    cells = expand_grid(asdict(cfg.grid))
-    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
+@dataclass(frozen=True)
+class PlanLimits:
+    """What the plan fits a sweep's cells against, and where each figure came from (the plan text says both)."""
+
+    device_bytes: int | None  # the smallest GPU a cell may land on; None: unknown, nothing skipped on a guess
+    device_from: str
+    host: HostLimits
+    host_from: str
+
+
+def plan_limits(cfg: KvSweepConfig, device: str) -> PlanLimits:
     planner = cfg.planner
     device_bytes = detect_device_bytes(device, planner.device_memory_gb)
-    measure = cfg.measure
-    host = host_limits(
-        planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, measure.warmup, measure.repeats
-    )
+    if planner.device_memory_gb > 0:
+        device_from = "planner.device_memory_gb"
+    else:
+        device_from = "the smallest local GPU" if device_bytes else "planner.device_memory_gb=0 and no local GPU"
+    protocol = protocol_of(cfg.measure, device)
+    host = host_limits(planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, protocol)
+    host_from = "planner.host_memory_gb" if planner.host_memory_gb > 0 else "this machine's"
+    return PlanLimits(device_bytes, device_from, host, host_from)
+
+
+def plan_sweep(
+    cfg: KvSweepConfig, device: str, limits: PlanLimits | None = None
+) -> tuple[list[PlannedCell], dict[str, str]]:
+    """`limits`: what `plan_limits` finds, when the caller prints them too (found once)."""
+    cells = expand_grid(asdict(cfg.grid))
+    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
+    limits = limits or plan_limits(cfg, device)
     planned = []
     for cell in cells:
         fact = facts.get(cell.model)
@@ -47,21 +68,51 @@ def plan_sweep(cfg: KvSweepConfig, device: str) -> tuple[list[PlannedCell], dict
                 device,
                 fact.shape if fact else None,
                 parameters=fact.parameters if fact else None,
-                device_bytes=device_bytes,
-                skip_predicted_oom=planner.skip_predicted_oom,
-                host=host,
+                device_bytes=limits.device_bytes,
+                skip_predicted_oom=cfg.planner.skip_predicted_oom,
+                host=limits.host,
             )
         )
     return planned, problems
 
 
-def plan_text(planned: list[PlannedCell], problems: dict[str, str], device: str) -> str:
-    lines = [f"{len(planned)} cells on {device}; {sum(p.runs for p in planned)} to run", ""]
+def limits_text(limits: PlanLimits) -> list[str]:
+    """The sizes a CUDA plan fits cells against, each with its unit and where it came from."""
+    device = "unknown" if limits.device_bytes is None else f"{limits.device_bytes / GB:.1f} GB"
+    host = limits.host
+    memory = "unknown" if host.memory_bytes is None else f"{host.memory_bytes / GB:.1f} GB"
+    lines = [f"device memory {device} ({limits.device_from})"]
+    if limits.device_bytes is None:
+        lines[0] += ": no cell is planned as too large for its GPU"
+    lines.append(
+        f"offloaded caches: host memory {memory} ({limits.host_from}), host link {host.link_gbps:g} GB/s "
+        f"(planner.host_link_gbps), cell timeout {host.timeout_s:g} s (ray.cell_timeout_s)"
+    )
+    return lines
+
+
+def offload_note(estimate: OffloadEstimate) -> str:
+    """What an offloaded cell that runs is predicted to take of the host: its pinned blocks and link time."""
+    return (
+        f"pinned host {estimate.host_bytes / GB:.1f} GB; transfers {estimate.cell_seconds:.0f} s "
+        f"over at most {estimate.calls.total} calls"
+    )
+
+
+def plan_text(
+    planned: list[PlannedCell], problems: dict[str, str], device: str, limits: PlanLimits | None = None
+) -> str:
+    lines = [f"{len(planned)} cells on {device}; {sum(p.runs for p in planned)} to run"]
+    if limits is not None and device == "cuda":
+        lines += limits_text(limits)
+    lines.append("")
     for p in planned:
         kv = "-" if p.kv_stored_bytes is None else f"{p.kv_stored_bytes / MIB:9.2f}"
         dense = "-" if p.kv_dense_bytes is None else f"{p.kv_dense_bytes / MIB:9.2f}"
         peak = "-" if p.memory is None else f"{p.memory.peak_bytes / MIB:10.1f}"
         what = problems.get(p.cell.model) or ("run" if p.runs else f"skip: {p.skip_reason}")
+        if p.runs and p.offload is not None:
+            what += f" ({offload_note(p.offload)})"
         label = f"{p.cell.label} new{p.cell.max_new_tokens}"
         lines.append(f"{label:62s} kv {kv} MiB (dense {dense}) peak {peak} MiB  {what}")
     return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""How many `generate` calls one cell can make at most: what the planner holds against the cell's timeout.
+
+A cell (`cell/run.py`) makes one cold call, `warmup` uncounted calls, its measured phase, and one call
+of its own strategy for the quality check (the check's other call is the dynamic baseline's, which
+moves nothing over the host link). The measured phase follows `measure/sampling.py`; for calls of at
+least `call_s` seconds each, the most calls its rules allow are:
+
+- kept calls: at least `repeats`; more while the kept calls add up to less than `min_duration_s`
+  (`ceil(min_duration_s / call_s)` calls reach it), or, with a precision target, until `repeat_cap`
+  (the target may never be met); never more than `repeat_cap`;
+- discarded calls: up to `max_discarded`, each re-run, at any point of the phase;
+- with a time cap (`max_duration_s`), no call starts once `repeats` calls are kept and the calls so far
+  took the cap: at most `ceil(max_duration_s / call_s)` calls, unless `repeats + max_discarded` are
+  needed to keep `repeats`.
+
+The pause after a discarded call (at most 1 s) is left out: next to the calls of minutes that make an
+offloaded cell's time it does not count.
+"""
+
+import math
+from dataclasses import dataclass
+
+from kvsweep.grid import MeasureProtocol
+
+COLD_CALLS = 1
+QUALITY_CALLS = 1
+
+
+@dataclass(frozen=True)
+class CallCount:
+    """The worst case of one cell's calls, by kind."""
+
+    cold: int
+    warmup: int
+    kept: int
+    discarded: int
+    quality: int
+
+    @property
+    def measured(self) -> int:
+        return self.kept + self.discarded
+
+    @property
+    def total(self) -> int:
+        return self.cold + self.warmup + self.measured + self.quality
+
+
+def most_kept(protocol: MeasureProtocol, call_s: float) -> int:
+    """Kept calls before the measured phase stops by itself (no time cap)."""
+    cap = protocol.repeat_cap
+    if protocol.target_rel_ci > 0 or call_s <= 0:
+        return cap
+    return min(cap, max(protocol.repeats, math.ceil(protocol.min_duration_s / call_s)))
+
+
+def most_measured(protocol: MeasureProtocol, call_s: float) -> int:
+    """Measured calls, kept and discarded, under every rule of the phase, the time cap included."""
+    unbounded = most_kept(protocol, call_s) + protocol.max_discarded
+    if protocol.max_duration_s <= 0 or call_s <= 0:
+        return unbounded
+    until_cap = math.ceil(protocol.max_duration_s / call_s)
+    return min(unbounded, max(protocol.repeats + protocol.max_discarded, until_cap))
+
+
+def worst_case_calls(protocol: MeasureProtocol, call_s: float) -> CallCount:
+    """Every call a cell makes when every discard it may re-run is re-run; `call_s`: a lower bound on one
+    call's time (fewer seconds per call, more calls to reach the time floor: the count stays an upper bound)."""
+    measured = most_measured(protocol, call_s)  # never fewer than repeats + max_discarded
+    discarded = protocol.max_discarded
+    return CallCount(COLD_CALLS, protocol.warmup, measured - discarded, discarded, QUALITY_CALLS)

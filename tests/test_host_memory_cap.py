@@ -1,0 +1,50 @@
+"""Offloaded cells on one node share its host memory: their actors reserve their pinned blocks from Ray.
+
+`memory_ask` is arithmetic on the cluster's node resources (no cluster needed); the scheduler test
+runs stand-in cells on the session's real local Ray instance, whose `memory` resource is what this
+machine had free when Ray started.
+"""
+
+import itertools
+
+import ray
+
+from kvsweep.driver.cell_resources import memory_ask
+from kvsweep.driver.ray_session import CellNeeds
+from kvsweep.driver.scheduler import CellScheduler, Job, Limits
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.results import OK, CellResult
+
+GPU_NODE = {"CPU": 64.0, "GPU": 8.0, "memory": 1_000e9}
+BIG_CPU_NODE = {"CPU": 128.0, "memory": 4_000e9}
+GPU_CELL = CellNeeds(gpus=1, cpus=8)
+
+
+def test_an_offloaded_cell_asks_for_its_pinned_bytes():
+    assert memory_ask(103_079_215_104, GPU_CELL, [GPU_NODE]) == 103_079_215_104
+    assert memory_ask(0, GPU_CELL, [GPU_NODE]) == 0  # not offloaded: no ask, as before
+
+
+def test_an_ask_no_node_could_grant_is_cut_to_the_most_a_node_offers_so_it_never_waits_forever():
+    assert memory_ask(1_500e9, GPU_CELL, [GPU_NODE]) == 1_000e9  # runs alone among offloaded cells
+    # A node the cell cannot run on (no GPU) does not count, however much memory it has.
+    assert memory_ask(1_500e9, GPU_CELL, [GPU_NODE, BIG_CPU_NODE]) == 1_000e9
+    assert memory_ask(10e9, GPU_CELL, [{"CPU": 64.0, "GPU": 8.0}]) == 0  # no memory reported: no ask
+
+
+def test_offloaded_cells_whose_blocks_together_exceed_a_node_run_one_after_the_other(ray_cluster):
+    protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
+    node_memory = max(n["Resources"].get("memory", 0.0) for n in ray.nodes() if n.get("Alive"))
+    cells = [Cell("tiny-llama", "float32", c, 1, 4, "offloaded", False) for c in (64, 128, 256)]
+    # Two cells of 60% of the node each, and one asking ten times what the node has (cut to all of it).
+    asks = [int(0.6 * node_memory), int(0.6 * node_memory), int(10 * node_memory)]
+    jobs = [Job(cell_id(c, protocol), c, host_memory_bytes=ask) for c, ask in zip(cells, asks, strict=True)]
+    # Each sleeps 4 s; a cell waits about that long for the one before it. With its timeout counted from
+    # the actor's creation, that wait would time the 7 s cells out; it counts from when Ray placed them.
+    limits = Limits(CellNeeds(gpus=0, cpus=1), max_concurrent=3, cell_timeout_s=7, max_retries=0)
+    testing = {"runner": "kvsweep.testing.stand_ins:sleep_cell", "sleep_s": 4.0}
+    results: list[CellResult] = []
+    CellScheduler(protocol.to_dict(), limits, testing).run(jobs, results.append)
+    assert [r.status for r in results] == [OK, OK, OK]
+    spans = sorted((r.environment["started_at"], r.environment["ended_at"]) for r in results)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
