@@ -1,21 +1,68 @@
 #!/usr/bin/env bash
 # Every strategy (offloaded ones included) once on one GPU, compile on and off, then a summary to paste
-# into a bug report: per cell the cache class generate really used and the per-repeat device peaks.
-# Exits non-zero when a cell that was not skipped failed or its peaks climb from repeat to repeat.
+# into a bug report: per cell the cache class generate really used, the per-repeat device peaks, its CPUs.
+# Before any sweep: a Python >= pyproject's requires-python, a torch build the driver can run (installed
+# from PyTorch's index for it: scripts/torch_for_driver.py) and proof that it starts CUDA. After the sweep,
+# one cell whose CUDA is made to fail must come back as an error that says so.
+# Exits non-zero when a cell that was not skipped failed or a check of scripts/smoke_summary.py fails.
 # OUT=/abs/or/relative/folder picks where results go (default outputs/gpu_smoke).
+# TORCH_INDEX_URL (a mirror, or another build) and TORCH_SPEC (default: torch) override the torch install;
+# PYTHON names the interpreter for a new .venv. An existing .venv is kept when its torch starts CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fail() { echo "gpu_smoke: $*" >&2; exit 1; }
+
+# The interpreter for .venv: $PYTHON, else the first of these new enough (one line when none is).
+find_python() {
+  local name verdict seen=()
+  for name in ${PYTHON:-python3 python3.14 python3.13 python3.12 python3.11}; do
+    command -v "$name" >/dev/null || { seen+=("$name: not found"); continue; }
+    if verdict=$("$name" scripts/torch_for_driver.py python 2>/dev/null); then echo "$name"; return; fi
+    seen+=("${verdict:-$name: $("$name" --version 2>&1 | head -n 1), which cannot run the check}")
+  done
+  fail "no Python new enough for kvsweep: $(IFS=';'; echo "${seen[*]}") (set PYTHON=/path/to/python3.11+)"
+}
+
+command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this node has no NVIDIA driver"
+smi=$(nvidia-smi 2>&1) || fail "nvidia-smi failed: $(head -n 1 <<<"$smi")"
+python=$(find_python)
 if [[ ! -d .venv ]]; then
-  python3 -m venv .venv
-  . .venv/bin/activate
-  pip install -q -e '.[quantized,test]'
-else
-  . .venv/bin/activate
+  "$python" -m venv .venv >/dev/null 2>&1 ||
+    { rm -rf .venv; fail "$python -m venv failed (on Debian or Ubuntu: apt-get install python3-venv)"; }
 fi
+# shellcheck source=/dev/null
+. .venv/bin/activate
+verdict=$(python scripts/torch_for_driver.py python 2>&1) ||
+  fail "${verdict:-the python in .venv cannot run the check}: remove .venv to have it made anew"
+cuda_starts() { env -u PYTORCH_NVML_BASED_CUDA_CHECK python scripts/cuda_starts.py <<<"$smi"; }
+if [[ -z "${TORCH_INDEX_URL:-}${TORCH_SPEC:-}" ]] && cuda_starts >/dev/null 2>&1; then
+  setup="kept .venv's torch, which starts CUDA"
+else
+  choice=$(python scripts/torch_for_driver.py choose <<<"$smi") || exit 1
+  index=$(head -n 1 <<<"$choice")
+  setup="$(tail -n 1 <<<"$choice") (index $index)"
+  echo "$setup"
+  pip uninstall -q -y torch >/dev/null 2>&1 || true  # a torch already there (CPU-only, other CUDA) would stay
+  pip install -q --index-url "$index" "${TORCH_SPEC:-torch}"
+fi
+pip install -q -e '.[quantized,test]'  # keeps that torch: it satisfies the project's torch>=2.4
+started=$(cuda_starts) || exit 1
+echo "$started"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+
 out=$(scripts/smoke_paths.sh "${OUT:-outputs/gpu_smoke}")
 status=0
-python -m kvsweep +sweep=gpu_smoke "hydra.run.dir=$out" "mlflow.tracking_uri=sqlite:///$out/mlflow.db" "$@" || status=$?
-python scripts/smoke_summary.py "$out" || status=$((status == 0 ? 1 : status))
-echo "smoke run took ${SECONDS} s (setup, sweep with its compiles and quanto's CUDA build, summary)"
+python -m kvsweep +sweep=gpu_smoke "hydra.run.dir=$out" "mlflow.tracking_uri=sqlite:///$out/mlflow.db" "$@" ||
+  status=$?
+# One cell whose CUDA initialisation is made to fail (the smoke's model, or the one given on the command line).
+faulted=$out/cuda_init_fault
+mkdir -p "$faulted"
+models=()
+for arg in "$@"; do [[ $arg == grid.models=* ]] && models+=("$arg"); done
+python -m kvsweep +sweep=gpu_smoke 'grid.caches=[dynamic]' 'grid.compile=[false]' \
+  '+testing.faults=[{fault:cuda_init}]' "${models[@]}" "hydra.run.dir=$faulted" \
+  "mlflow.tracking_uri=sqlite:///$faulted/mlflow.db" >"$faulted/sweep.log" 2>&1 || true
+python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --setup "$setup; $started" ||
+  status=$((status == 0 ? 1 : status))
+echo "smoke run took ${SECONDS} s (setup, sweeps with their compiles and quanto's CUDA build, summary)"
 exit "$status"

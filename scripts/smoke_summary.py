@@ -2,29 +2,51 @@
 
 Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
 device peaks (flat when each call is one request), KV bytes (device and host for offloaded caches),
-decode bandwidth utilization, and for compiled cells the graphs compiled or recorded while measured
-(a compiled cell with any fails on its own, so it shows as `error`).
-Exits 1 when a cell that was not skipped failed, a peak climbs by more than a tenth of its cache, or an
-offloaded cell held nothing in host memory.
-Also counts the cells measured in a process forked from a CUDA-clean template (`ray.fork_cells`):
-one that was not is a failure (the template found CUDA initialised by a preload, or never started).
-Usage: python scripts/smoke_summary.py OUTPUT_FOLDER
+decode bandwidth utilization, for compiled cells the graphs compiled or recorded while measured and the
+graphs Inductor ran without CUDA graphs, and the CPUs and threads its process had.
+Exits 1 when any of these is found (each is one problem):
+- the folder holds no result, or a cell that was not skipped failed (its process said why, or the
+  driver recorded how it ended);
+- a peak climbs by more than a tenth of its cache, or an offloaded cell held nothing in host memory;
+- a compiled cell skipped CUDA graphs, or (on CUDA) did not count them;
+- on CUDA, a cell that ran was not given its own CPU slot, or two cells that ran at once on one node
+  shared a CPU;
+- a result made inside a cell was not measured in a process forked from a CUDA-clean template
+  (`ray.fork_cells`): the template found CUDA initialised by a preload, or never started. Results the
+  driver wrote itself (crashed, timed out, inferred OOM) never reached a cell's process: they are
+  counted apart, as the failures they are;
+- with --expect-cuda-init-error FOLDER: the sweep there, whose CUDA initialisation was made to fail,
+  did not end as `error` results naming CUDA.
+Usage: python scripts/smoke_summary.py OUTPUT_FOLDER [--setup TEXT] [--expect-cuda-init-error FOLDER]
 """
 
+import argparse
 import sys
 import time
+from collections import Counter
+from dataclasses import replace
+from itertools import combinations
 from pathlib import Path
 
-from kvsweep.results import OK, SKIPPED
+from kvsweep.cell.cpu_slots import SLOT
+from kvsweep.grid import strategy_label
+from kvsweep.names import Metric, ResultTag
+from kvsweep.results import ERROR, OK, SKIPPED, CellResult
 from kvsweep.tracking.journal import Journal
 
 MIB = 1 << 20
 
 
-def main(folder: str) -> int:
-    journal = Journal(Path(folder)).read()
-    failures = 0
-    results = journal.latest_results()
+def made_in_cell(result: CellResult) -> bool:
+    """The cell's actor sent this result (it stamps its node); the driver's own results carry no environment."""
+    return "ray_node_id" in result.environment
+
+
+def ran(result: CellResult) -> bool:
+    return made_in_cell(result) and result.status != SKIPPED
+
+
+def header(results: list[CellResult], setup: str) -> None:
     env = next((r.environment for r in results if r.environment.get("device_name")), {})
     print(
         f"kvsweep GPU smoke, {time.strftime('%Y-%m-%d')}: {env.get('device_name', '?')}, "
@@ -32,45 +54,165 @@ def main(folder: str) -> int:
         f"torch {env.get('torch_version')}, transformers {env.get('transformers_version')}, "
         f"threads per cell {env.get('torch_threads')}"
     )
-    for result in results:
-        cell, tags, metrics = result.cell, result.tags, result.metrics
-        name = f"{cell.cache}{' compiled' if cell.compile else ''}"
-        line = f"{name:32s} {result.status:8s}"
-        if result.status == OK:
-            peaks = [s.get("peak_device_mem_bytes") or 0 for s in result.samples.get("repeats", [])]
-            cache = metrics.get("kv_cache_bytes", 0.0)
-            climbing = len(peaks) > 1 and peaks[-1] - peaks[0] > max(0.1 * cache, MIB)
-            failures += climbing
-            line += (
-                f" {tags.get('kvsweep.cache_class', '?'):48s} peaks MiB {[round(p / MIB, 1) for p in peaks]}"
-                f" kv {cache / MIB:.2f} MiB util {metrics.get('decode_bandwidth_utilization', float('nan')):.2f}"
-                f" implausible={tags.get('kvsweep.implausible')}{'  PEAKS CLIMB' if climbing else ''}"
-            )
-            if cell.cache.startswith("offloaded"):  # where its bytes were: most of them on the host
-                host = metrics.get("kv_cache_host_bytes", 0.0)
-                line += f" device {metrics.get('kv_cache_device_bytes', 0) / MIB:.2f} MiB host {host / MIB:.2f} MiB"
-                if host <= 0:
-                    failures += 1
-                    line += "  NOTHING OFFLOADED"
-            if cell.compile:
-                line += f" recaptures {metrics.get('compile_recaptures', float('nan')):.0f}"
-        else:
-            failures += result.status != SKIPPED
-            line += f" {result.error[:160]}"
-        print(line)
-    ran = [r for r in results if r.status != SKIPPED]
-    verdicts = sorted({str(r.tags.get("kvsweep.contended")) for r in ran})
-    sources = sorted({str(r.environment.get("threads_from")) for r in ran})
-    print(f"GPU sharing verdicts (NVML): {', '.join(verdicts)}; threads decided by: {', '.join(sources)}")
-    forked = [r for r in ran if r.environment.get("template")]
+    if setup:
+        print(f"setup: {setup}")
+
+
+def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
+    """The cell's line and how many problems it shows."""
+    cell, tags, metrics = result.cell, result.tags, result.metrics
+    name = f"{cell.cache}{' compiled' if cell.compile else ''}"
+    line, problems = f"{name:32s} {result.status:8s}", 0
+    if result.status == OK:
+        peaks = [s.get("peak_device_mem_bytes") or 0 for s in result.samples.get("repeats", [])]
+        cache = metrics.get(Metric.KV_CACHE_BYTES, 0.0)
+        climbing = len(peaks) > 1 and peaks[-1] - peaks[0] > max(0.1 * cache, MIB)
+        problems += climbing
+        line += (
+            f" {tags.get(ResultTag.CACHE_CLASS, '?'):48s} peaks MiB {[round(p / MIB, 1) for p in peaks]}"
+            f" kv {cache / MIB:.2f} MiB util {metrics.get(Metric.DECODE_BANDWIDTH_UTILIZATION, float('nan')):.2f}"
+            f" implausible={tags.get(ResultTag.IMPLAUSIBLE)}{'  PEAKS CLIMB' if climbing else ''}"
+        )
+        if cell.cache.startswith("offloaded"):  # where its bytes were: most of them on the host
+            host = metrics.get(Metric.KV_CACHE_HOST_BYTES, 0.0)
+            line += f" device {metrics.get(Metric.KV_CACHE_DEVICE_BYTES, 0) / MIB:.2f} MiB host {host / MIB:.2f} MiB"
+            if host <= 0:
+                problems += 1
+                line += "  NOTHING OFFLOADED"
+    else:
+        problems += result.status != SKIPPED
+        line += f" {result.error[:160]}"
+    if cell.compile and result.status != SKIPPED:
+        text, found = compile_counts(result, on_cuda)
+        line += text
+        problems += found and result.status == OK  # a cell that failed on it is already counted
+    if made_in_cell(result):
+        env = result.environment
+        line += f" | cpus {env.get('cpus', '-')} ({env.get('cpus_from', '-')}) threads {env.get('torch_threads')}"
+    elif result.status != SKIPPED:
+        line += " | made by the driver"
+    return line, problems
+
+
+def compile_counts(result: CellResult, on_cuda: bool) -> tuple[str, bool]:
+    """A compiled cell's recaptures and CUDA-graph skips, and whether the skips show a problem."""
+    recaptures = result.metrics.get(Metric.COMPILE_RECAPTURES, float("nan"))
+    skips = result.metrics.get(Metric.COMPILE_CUDAGRAPH_SKIPS)
+    text = f" recaptures {recaptures:.0f} cudagraph skips {'-' if skips is None else f'{skips:.0f}'}"
+    if skips is not None and skips > 0:
+        return text + "  CUDA GRAPHS SKIPPED", True
+    if skips is None and on_cuda and result.status == OK:
+        return text + "  CUDA-GRAPH SKIPS NOT COUNTED", True
+    return text, False
+
+
+def cpu_slot_problems(results: list[CellResult]) -> list[str]:
+    """On CUDA each cell that ran owns its CPUs: given from its node's slots, shared with no cell running then."""
+    running = [r for r in results if ran(r)]
+    problems = [
+        f"{_label(r)} ran on CPUs from {r.environment.get('cpus_from') or 'nothing'}, not a slot of its own"
+        for r in running
+        if r.environment.get("cpus_from") != SLOT
+    ]
+    for a, b in combinations(running, 2):
+        shared = _cpus(a) & _cpus(b)
+        if shared and _same_node(a, b) and _overlap(a, b):
+            cpus = ",".join(map(str, sorted(shared)))
+            problems.append(f"{_label(a)} and {_label(b)} ran at once on one node sharing CPUs {cpus}")
+    return problems
+
+
+def _label(result: CellResult) -> str:
+    return f"{strategy_label(result.cell)} ctx{result.cell.context_length}"
+
+
+def _cpus(result: CellResult) -> set[int]:
+    return {int(cpu) for cpu in str(result.environment.get("cpus", "")).split(",") if cpu.strip()}
+
+
+def _same_node(a: CellResult, b: CellResult) -> bool:
+    return a.environment["ray_node_id"] == b.environment["ray_node_id"]
+
+
+def _overlap(a: CellResult, b: CellResult) -> bool:
+    start_a, end_a = a.environment.get("started_at", 0.0), a.environment.get("ended_at", 0.0)
+    start_b, end_b = b.environment.get("started_at", 0.0), b.environment.get("ended_at", 0.0)
+    return start_a < end_b and start_b < end_a
+
+
+def toolchain_skips(results: list[CellResult]) -> int:
+    """Compiled cells skipped while their eager twin was not: compiling is what this node could not do."""
+    eager_not_skipped = {r.cell for r in results if not r.cell.compile and r.status != SKIPPED}
+    compiled_skipped = [r.cell for r in results if r.cell.compile and r.status == SKIPPED]
+    return sum(replace(cell, compile=False) in eager_not_skipped for cell in compiled_skipped)
+
+
+def forked_problems(results: list[CellResult]) -> int:
+    """One problem when a cell's result did not come from a forked process, whatever else went wrong."""
+    from_cells = [r for r in results if ran(r)]
+    forked = [r for r in from_cells if r.environment.get("template")]
+    by_driver = Counter(r.status for r in results if not made_in_cell(r) and r.status != SKIPPED)
     # A template refuses to fork once CUDA is initialised in it, so a forked cell proves a clean one.
-    print(f"forked from a CUDA-clean template: {len(forked)} of {len(ran)} cells that ran")
-    if len(forked) < len(ran):  # the template refused (CUDA initialised by a preload) or never started
-        failures += 1
+    print(f"forked from a CUDA-clean template: {len(forked)} of {len(from_cells)} cells that ran")
+    if by_driver:
+        statuses = ", ".join(f"{status} {n}" for status, n in sorted(by_driver.items()))
+        print(f"made by the driver, no result from the cell's process (failures above): {statuses}")
+    if len(forked) < len(from_cells):  # the template refused (CUDA initialised by a preload) or never started
         print("NOT FORKED: the sweep's output says why the template did not serve (ray.fork_cells=false skips this)")
+        return 1
+    return 0
+
+
+def cuda_init_problems(folder: Path) -> int:
+    """The sweep whose CUDA initialisation was made to fail: each cell an `error` whose message names CUDA."""
+    results = Journal(folder).read().latest_results()
+    if not results:
+        print(f"CUDA that cannot start: NO RESULT in {folder} (its sweep.log says why)")
+        return 1
+    problems = 0
+    for result in results:
+        named = result.status == ERROR and "CUDA" in result.error
+        problems += not named
+        verdict = "as it should" if named else "SHOULD BE error NAMING CUDA"
+        print(f"CUDA that cannot start: {_label(result)} {result.status}: {result.error[:160]} ({verdict})")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--setup", default="", help="what the smoke script chose (torch build, index)")
+    parser.add_argument("--expect-cuda-init-error", type=Path, help="a sweep run with the cuda_init fault")
+    args = parser.parse_args(argv)
+    journal = Journal(args.folder).read()
+    results = journal.latest_results()
+    on_cuda = journal.header is not None and journal.header.device == "cuda"
+    header(results, args.setup)
+    failures = 0 if results else 1
+    if not results:
+        print(f"NO RESULTS in {args.folder}: the sweep's output says why")
+    for result in results:
+        line, problems = cell_line(result, on_cuda)
+        failures += problems
+        print(line)
+    running = [r for r in results if ran(r)]
+    verdicts = sorted({str(r.tags.get(ResultTag.CONTENDED)) for r in running})
+    sources = sorted({str(r.environment.get("threads_from")) for r in running})
+    print(f"GPU sharing verdicts (NVML): {', '.join(verdicts)}; threads decided by: {', '.join(sources)}")
+    if on_cuda:
+        slot_problems = cpu_slot_problems(results)
+        own = sum(r.environment.get("cpus_from") == SLOT for r in running)
+        print(f"CPU slots: {own} of {len(running)} cells that ran were given CPUs of their own")
+        for problem in slot_problems:
+            print(f"CPU SLOT: {problem}")
+        failures += len(slot_problems)
+    print(f"compiled cells skipped for the toolchain: {toolchain_skips(results)}")
+    failures += forked_problems(results)
+    if args.expect_cuda_init_error:
+        failures += cuda_init_problems(args.expect_cuda_init_error)
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))
