@@ -8,8 +8,8 @@ kvsweep plans such cells as skipped when the build cannot happen, and otherwise 
 node before any cell is timed.
 """
 
+import ast
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -27,20 +27,50 @@ class NativeBuild:
     version_stamp: str  # file in build_dir naming the torch version it was built for
     build: Callable[[], None]  # compiles it (or loads it when already built); CUDA ones need a visible GPU
 
-    def built_for_installed_torch(self) -> bool:
-        """Built before, for the torch installed now (the package rebuilds on a version change)."""
+    def built_for_installed_torch(self, torch_version: str | None = None) -> bool:
+        """Built before, for the torch installed now (the package rebuilds when its stamp differs).
+
+        `torch_version`: the installed torch's `__version__` (read from its files when None).
+        """
+        torch_version = torch_version or installed_torch_version()
+        if torch_version is None:
+            return False
         spec = importlib.util.find_spec(self.package.split(".")[0])
         locations = list(spec.submodule_search_locations or []) if spec else []
         relative = Path(*self.package.split(".")[1:], self.build_dir)
-        try:
-            torch_version = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            return False
         for root in locations:
             stamp = Path(root) / relative / self.version_stamp
             if stamp.is_file() and stamp.read_text().strip() == torch_version:
                 return True
         return False
+
+
+def installed_torch_version(torch_dir: Path | None = None) -> str | None:
+    """`torch.__version__` (e.g. `2.13.0+cu126`), read from torch's `version.py` without importing torch.
+
+    It is the string quanto writes into its stamp and compares on load. The package metadata is no
+    substitute: PyPI's CUDA wheels declare `2.13.0` there, so a stamp would never match it; and the
+    local tag cannot simply be dropped, since quanto rebuilds a `+cpu` build for a `+cu126` torch.
+    `torch_dir`: the torch package folder (the installed one when None); None when unreadable.
+    """
+    if torch_dir is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        torch_dir = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        module = ast.parse((torch_dir / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for statement in module.body:
+        if (
+            isinstance(statement, ast.Assign)
+            and [getattr(target, "id", None) for target in statement.targets] == ["__version__"]
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+        ):
+            return statement.value.value
+    return None
 
 
 @dataclass(frozen=True)

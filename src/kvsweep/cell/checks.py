@@ -3,6 +3,7 @@
 - the cache `generate` returned is the one the strategy registry says it must produce;
 - a compiled cell really compiled (torch's own counter of compiled graphs), and compiled nothing
   more while it was measured (`compile_recaptures`);
+- a compiled CUDA cell ran its graphs as CUDA graphs (`compile_cudagraph_skips`);
 - decode did not move more bytes per second than the device can (`kvsweep.implausible`);
 - how each host peak was taken (`kvsweep.host_peak`).
 """
@@ -53,6 +54,20 @@ def check_no_recapture(recaptures: int) -> None:
         raise CompiledDuringMeasurement(
             f"{recaptures} graph compilation(s) or CUDA graph recording(s) during the measured calls: the timings "
             "include compiler work (its numbers are logged; compile_recaptures says how many)"
+        )
+
+
+class CudaGraphsSkipped(Exception):
+    """A compiled CUDA cell ran a graph without CUDA graphs: it measured kernel launches that compile removes."""
+
+
+def check_cudagraphs_used(skips: int, cuda: bool) -> None:
+    """`skips` from before the cold call to the end of the measured calls; CPU graphs have no CUDA graphs."""
+    if skips and cuda:
+        raise CudaGraphsSkipped(
+            f"Inductor ran {skips} graph(s) without CUDA graphs (TORCH_LOGS=cudagraphs says why): the calls "
+            "launched every kernel one by one, so they do not measure the compiled strategy (their numbers are "
+            "logged; compile_cudagraph_skips says how many)"
         )
 
 

@@ -4,6 +4,10 @@ A call keeps only what the summary needs (timestamps, peaks, token ids, the cach
 identity) and lets the rest — cache, outputs, logits — go before it returns, so the next call's peak
 memory starts from the model alone, not from every earlier call's cache. The one exception is a
 compiled static cell, whose single preallocated cache is kept and reset (`cache_for`).
+
+Both static kinds time the same work: an eager call's `generate` builds a new cache and fills it with
+zeros inside the timed call; a compiled call's kept cache is reset (zero-filled) after the clock
+starts, so its TTFT also pays for the fill.
 """
 
 import functools
@@ -87,15 +91,19 @@ class GenerateSession:
         finally:
             self.model.forward = configured
 
-    def cache_for(self, strategy: CacheStrategy) -> Any:
-        """A compiled static cell's cache: one object for the whole cell, reset before each call.
+    def keeps_cache(self, strategy: CacheStrategy) -> bool:
+        return self.cell.compile and strategy.compilable
+
+    def cache_for(self, strategy: CacheStrategy) -> dict[str, Any]:
+        """`generate`'s `cache` argument: a compiled static cell's one cache, emptied; {} for every other cell.
 
         `generate` would build a new `StaticCache` per call; its tensors are static addresses to the
         compiler, so CUDA graph trees would record a new graph on every call, inside the measured
-        time. Reusing one cache keeps the addresses, and the graph, of the first calls.
+        time. Reusing one cache keeps the addresses, and the graph, of the first calls. Called inside
+        the timed region, as generate builds its own cache there.
         """
-        if not (self.cell.compile and strategy.compilable):
-            return None
+        if not self.keeps_cache(strategy):
+            return {}
         if self.kept_cache is None:
             from transformers import StaticCache
 
@@ -108,7 +116,7 @@ class GenerateSession:
                 cache.early_initialization(self.inputs.shape[0], heads, head_dim, dtype, device)
             self.kept_cache = cache
         self.kept_cache.reset()
-        return self.kept_cache
+        return {"cache": self.kept_cache}
 
     def generation_config(self, strategy: CacheStrategy, own_cache: bool = False) -> GenerationConfig:
         """`own_cache`: the call passes its cache object, so generate is not asked to build one."""
@@ -129,20 +137,22 @@ class GenerateSession:
             **({} if own_cache else strategy.generation_options()),
         )
 
-    def generate_options(self, strategy: CacheStrategy) -> dict[str, Any]:
-        """`generate`'s config, and the kept cache when the cell has one: the same for every call."""
-        cache = self.cache_for(strategy)
-        config = self.generation_config(strategy, own_cache=cache is not None)
-        return {"generation_config": config, **({} if cache is None else {"cache": cache})}
+    def _generate(self, strategy: CacheStrategy, config: GenerationConfig, processors: LogitsProcessorList) -> Any:
+        """One `generate` call; the kept cache is emptied here, inside whatever the caller times."""
+        return self.model.generate(
+            self.inputs,
+            attention_mask=self.mask,
+            logits_processor=processors,
+            generation_config=config,
+            **self.cache_for(strategy),
+        )
 
     @torch.inference_mode()
     def call(self, strategy: CacheStrategy) -> MeasuredCall:
-        options = self.generate_options(strategy)
+        config = self.generation_config(strategy, own_cache=self.keeps_cache(strategy))  # host work, untimed
         with track_peak_memory(self.device_memory) as peak:
             self.clock.start()
-            out = self.model.generate(
-                self.inputs, attention_mask=self.mask, logits_processor=self.processors, **options
-            )
+            out = self._generate(strategy, config, self.processors)
             end_ns = self.clock.stop()
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
         new_tokens = out.sequences[:, self.inputs.shape[1] :]
@@ -157,10 +167,8 @@ class GenerateSession:
         """An unmeasured call with other logits processors (quality checks); returns the new tokens."""
         if self.quality_fault is not None:
             processors = LogitsProcessorList([*processors, InjectFault(self.quality_fault)])
-        out = self.model.generate(
-            self.inputs, attention_mask=self.mask, logits_processor=processors, **self.generate_options(strategy)
-        )
-        return out.sequences[:, self.inputs.shape[1] :].cpu()
+        config = self.generation_config(strategy, own_cache=self.keeps_cache(strategy))
+        return self._generate(strategy, config, processors).sequences[:, self.inputs.shape[1] :].cpu()
 
 
 def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
-from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_no_recapture
+from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
 from kvsweep.cell.environment import describe_device, describe_host, start_device
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
 from kvsweep.cell.oom import out_of_memory
@@ -23,7 +23,7 @@ from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
-from kvsweep.measure.compile_events import compile_events
+from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.gpu_sharing import SharingProbe
@@ -135,6 +135,7 @@ def _measure(
     session = GenerateSession(model, inputs, cell, device, *injected)
     if cell.compile and not session_on_cuda(device):
         session.compile_forward()
+    skips_before = cudagraph_skips() if cell.compile else 0  # a graph skipped when compiled stays skipped
 
     first = session.call(strategy)
     check_cache(strategy, first, cell)  # fail fast, before any measuring time is spent
@@ -152,6 +153,7 @@ def _measure(
         lambda: session.call(strategy), lambda c: c.times, sampling_rules(protocol, niceness), HostMeter()
     )
     recaptures = compile_events() - compiled_before if cell.compile else 0
+    skips = cudagraph_skips() - skips_before if cell.compile else 0
     sharing.check()
     on_phase("measured")
     for sample in phase.kept:
@@ -163,7 +165,9 @@ def _measure(
     _write(result, _numbers(cell, first, phase, quality.metrics, model, shape, bandwidth))
     if cell.compile:
         result.metrics[Metric.COMPILE_RECAPTURES] = float(recaptures)
+        result.metrics[Metric.COMPILE_CUDAGRAPH_SKIPS] = float(skips)
         check_no_recapture(recaptures)  # after recording: the numbers stay, the cell fails
+        check_cudagraphs_used(skips, session_on_cuda(device))
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ A build inside a cell would land in its first call (minutes of nvcc, a minute of
 several cells starting together, make them queue on the package's build lock. Here each node that
 runs such cells builds (or, on CUDA, just loads when already built) in a short Ray task holding what
 the cells hold (a GPU for CUDA extensions); a failed build turns those cells into `skipped` with the
-compiler's first line, so nothing runs into it blind. On a one-node cluster an extension already
-built for the installed torch is not touched.
+compiler's first error (`build_failure`), so nothing runs into it blind. On a one-node cluster an
+extension already built for the installed torch is not touched.
 """
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,10 +18,15 @@ import ray
 
 from kvsweep.caches import get_strategy
 from kvsweep.caches.native_build import NativeBuild
-from kvsweep.errors import first_line
 from kvsweep.plan.cell_plan import PlannedCell
 
 BUILD_TIMEOUT_S = 1800.0  # nvcc over quanto's Marlin kernels takes minutes on a busy node
+REASON_CHARS = 300
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_HEADER = re.compile(r"^ray::\S*\(\) \(pid=\d+")  # the line Ray puts where a remote traceback starts
+# gcc/clang "file:1:10: fatal error: ...", nvcc "file(5): error: ...", "nvcc fatal : ...", setuptools "error: ..."
+_DIAGNOSTIC = re.compile(r"\b(error|fatal)\s*:", re.IGNORECASE)
 
 
 def builds_of(planned: PlannedCell, device: str) -> tuple[NativeBuild, ...]:
@@ -37,6 +43,29 @@ def _build_on_this_node(build: NativeBuild) -> float:
     started = time.monotonic()
     build.build()
     return time.monotonic() - started
+
+
+def build_failure(exc: BaseException) -> str:
+    """Why a build failed, in one line: the compiler's first error, else the first line the build raised.
+
+    A failure inside the Ray task arrives as Ray's wrapper, whose text starts with a coloured
+    `ray::_build_on_this_node() (pid=…, ip=…)` header and a traceback; the exception the build raised
+    is its `cause`. torch's build error holds ninja's whole log (the compile command first), where
+    the compiler's own `error:` line is the one that says what to fix.
+    """
+    cause = getattr(exc, "cause", None)
+    raised = cause if isinstance(cause, BaseException) else exc
+    lines = [clean for line in str(raised).splitlines() if (clean := _meaningful(line))]
+    diagnostic = next((line for line in lines if _DIAGNOSTIC.search(line)), None)
+    return (diagnostic or (lines[0] if lines else type(raised).__name__))[:REASON_CHARS]
+
+
+def _meaningful(line: str) -> str:
+    """The line without colour codes, or "" for Ray's header, traceback frames and indented context."""
+    plain = _COLOUR.sub("", line)
+    if _RAY_HEADER.match(plain) or plain.startswith(("Traceback (", " ")):
+        return ""
+    return plain.strip()
 
 
 def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]) -> list[PlannedCell]:
@@ -57,7 +86,7 @@ def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]
             seconds = ray.get(refs, timeout=BUILD_TIMEOUT_S)
             say(f"{build.name} ready in {max(seconds, default=0):.0f} s (outside every cell's numbers)")
         except Exception as exc:  # a compiler error, a timeout: the cells that need it cannot run
-            failed[build.name] = f"building {build.name} failed: {first_line(exc)}"
+            failed[build.name] = f"building {build.name} failed: {build_failure(exc)}"
             say(failed[build.name])
     if not failed:
         return planned

@@ -4,8 +4,13 @@ A recompilation (Dynamo compiling a new graph) or a CUDA graph re-capture inside
 puts seconds of compiler work into a TPOT that claims to be steady state; warmup cannot absorb one
 that happens on every call. Both are read from torch's own bookkeeping: Dynamo's `unique_graphs`
 counter and the nodes of Inductor's CUDA graph trees (each node is one recording).
+
+The opposite failure records nothing: Inductor may decide not to use CUDA graphs for a graph at all
+(an input it cannot keep at a static address, a mutated input, too many re-recordings); it logs a
+warning and adds one to its `cudagraph_skips` counter, which `cudagraph_skips` reads.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -37,3 +42,15 @@ def cudagraphs_recorded() -> int:
 
 def _nodes(node: Any) -> int:
     return 1 + sum(_nodes(child) for children in node.children.values() for child in children)
+
+
+def cudagraph_skips(counters: Mapping[str, Mapping[str, int]] | None = None) -> int:
+    """Graphs Inductor chose to run without CUDA graphs so far in this process.
+
+    `counters`: torch's counters (`torch._dynamo.utils.counters` when None), by group then name.
+    """
+    if counters is None:
+        from torch._dynamo.utils import counters as torch_counters
+
+        counters = torch_counters
+    return int(counters.get("inductor", {}).get("cudagraph_skips", 0))

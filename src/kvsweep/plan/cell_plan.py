@@ -11,6 +11,7 @@ from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
+from kvsweep.plan.triton_launcher import LauncherToolchain, launcher_problem
 from kvsweep.units import GB
 
 
@@ -79,6 +80,7 @@ def skip_reason(
     shape: KvShape | None,
     is_installed: Callable[[str], bool],
     toolchain: Toolchain | None = None,  # what builds native extensions here; None: look on this machine
+    launcher: LauncherToolchain | None = None,  # what Triton builds its launcher with; None: look here
 ) -> str | None:
     strategy = get_strategy(cell.cache)
     needs = strategy.requires
@@ -89,6 +91,8 @@ def skip_reason(
     for build in (b for b in needs.native_builds if b.device == device):
         if problem := build_problem(build, toolchain):
             return problem
+    if cell.compile and device == "cuda" and (problem := launcher_problem(launcher)):
+        return problem
     if shape is not None and shape.max_positions is not None:
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
         if needed > shape.max_positions:
