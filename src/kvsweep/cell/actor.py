@@ -6,16 +6,24 @@ template (`cell/template.py`), which watches this actor and dies with it; with `
 (or no template) it runs here, in this actor's own process, as before. A spare has only started; on
 a CPU host anything it prepares happens under the host's gate held exclusively, and a cell's measured
 phase holds the gate shared, so nothing prepares while a cell on this host is measured.
+
+A forked CUDA cell runs on cores of its own: the actor asks the node's template for as many as Ray
+reserved for it (`cell/cpu_slots.py`) and its process is pinned to them, so it meters exactly them and
+a sibling GPU cell's kernel launching is not its contention. The result's `environment.cpus` says
+which cores the cell ran on, `environment.cpus_from` where they came from (`slot`, `affinity` for a
+CPU cell, or `shared: why` for a CUDA cell that got none).
 """
 
 import contextlib
 import importlib
 import os
 import time
+from typing import Any
 
 import cloudpickle
 import ray
 
+from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gate import GatedRun, gate_path, host_gate
 from kvsweep.cell.host_oom import oom_kills
 from kvsweep.cell.process_clock import process_started_at
@@ -24,6 +32,7 @@ RUNNER_MODULE = "kvsweep.cell.run"
 TEMPLATE_PREFIX = "kvsweep-template-"
 # What the forked process takes from this actor: Ray's GPU assignment and thread count.
 FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+NOT_FORKED = shared("measured in its actor's process (not forked), which no template pins")
 
 
 class CellProcessDied(RuntimeError):
@@ -55,6 +64,7 @@ class CellActor:
         self.timeline["process_started_at"] = process_started_at()
         self.timeline["actor_init_at"] = time.time()
         self._gated = gated
+        self.cpus = CpuGrant((), "")  # what the cell ran on: set when it runs
         if prepare:
             with host_gate(self._gate_path(), exclusive=True) if gated else contextlib.nullcontext():
                 self.timeline["prepare_at"] = time.time()
@@ -74,6 +84,8 @@ class CellActor:
         ended_at = time.time()
         self.timeline["returned_at"] = ended_at
         result["environment"].update(
+            cpus=",".join(map(str, self.cpus.cpus)),
+            cpus_from=self.cpus.source,
             ray_node_id=context.get_node_id(),
             gpu_ids=",".join(str(g) for g in ray.get_gpu_ids()),
             started_at=started_at,
@@ -84,6 +96,7 @@ class CellActor:
 
     def _here(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
         """Measure in this actor's own process, its measured phase under the host's gate."""
+        self.cpus = CpuGrant(_affinity(), NOT_FORKED if protocol.get("device") == "cuda" else AFFINITY)
         gate = GatedRun(self._gate_path() if self._gated else "", self.timeline)
         return gate.run(cell, protocol, testing, options)
 
@@ -99,14 +112,15 @@ class CellActor:
             "testing": testing,
             "options": options,
             "env": {k: os.environ.get(k) for k in FORWARDED_ENV},  # None: unset there too
-            "cpus": sorted(os.sched_getaffinity(0)),
             "owner_pid": os.getpid(),
             "gate_path": self._gate_path() if self._gated else "",
         }
         kills_before = oom_kills()
         try:
+            self.cpus = self._take_cpus(template, protocol.get("device", "cpu"), options.get("cpus_per_cell", 0))
+            request["cpus"] = list(self.cpus.cpus)  # the forked process is pinned to them
             # By value: a strategy registered in the driver may live in a module the cell cannot import.
-            reply = ray.get(template.measure.remote(cloudpickle.dumps(request)))
+            reply = ray.get(template.measure.remote(cloudpickle.dumps(request), self.cpus.slot))
         except ray.exceptions.OutOfMemoryError:
             raise CellProcessDied(None, host_oom=True) from None
         except ray.exceptions.RayActorError as exc:  # the template died under this cell (Ray restarts it)
@@ -122,5 +136,17 @@ class CellActor:
         self.timeline.update(result["environment"]["forked"].pop("timeline"))
         return result
 
+    def _take_cpus(self, template: Any, device: str, cpus_per_cell: int) -> CpuGrant:
+        """A CUDA cell's own cores from the node's template (as many as Ray reserved for this actor); with
+        none (a CPU cell, or not enough free) the cell runs on this actor's affinity, as it always did."""
+        reserved = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        wanted, source = cores_to_ask(device, reserved, cpus_per_cell)
+        grant = ray.get(template.take_cpus.remote(wanted, os.getpid())) if wanted else CpuGrant((), source)
+        return grant if grant.cpus else CpuGrant(_affinity(), grant.source)
+
     def _gate_path(self) -> str:
         return gate_path(ray.get_runtime_context().get_session_name())
+
+
+def _affinity() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))

@@ -26,6 +26,7 @@ import cloudpickle  # noqa: E402, F401  (what unpickles a request)
 import torch  # noqa: E402  (the preload: what a fresh process would spend seconds importing)
 import transformers  # noqa: E402, F401
 
+from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
 from kvsweep.cell.gate import GatedRun  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
 from kvsweep.cell.run import MAX_ERROR_CHARS, record_failure  # noqa: E402
@@ -153,18 +154,8 @@ def watch_owner(pid: int) -> None:
 
             select.select([fd], [], [])  # readable once the process has exited
         except (OSError, AttributeError):
-            while _alive(pid):
+            while pid_alive(pid):
                 time.sleep(0.1)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="kvsweep-owner-watch", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

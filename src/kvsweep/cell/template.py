@@ -8,6 +8,10 @@ GPUs and stays alive while its process runs; the forked process watches that act
 the moment it is gone (a timeout, Ctrl-C), so Ray's accounting and the reliability rules stay as they
 were. The forkserver is started with NVML-based device checks and must stay CUDA-clean: a template
 whose preloaded imports initialised CUDA refuses to fork (CUDA does not survive a fork).
+
+The template also lends its node's cores: a CUDA cell's actor takes a slot (`take_cpus`, see
+`cell/cpu_slots.py`), its process is pinned to those cores, and `measure` gives the slot back when the
+process has ended, however it ended.
 """
 
 import contextlib
@@ -19,6 +23,8 @@ import time
 import types
 from collections.abc import Iterator
 from typing import Any
+
+from kvsweep.cell.cpu_slots import CpuGrant, CpuSlots, read_places
 
 FORKED_MODULE = "kvsweep.cell.forked"
 POLL_S = 0.2
@@ -38,6 +44,7 @@ class CellTemplate:
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload([FORKED_MODULE])
         self.started_at = time.time()
+        self.cpu_slots = CpuSlots(read_places(sorted(os.sched_getaffinity(0))))
         self.state = self._probe()
 
     def _probe(self) -> dict[str, Any]:
@@ -62,10 +69,18 @@ class CellTemplate:
         """Which template a cell came from: its node-local process and when it started."""
         return f"pid {os.getpid()} forkserver {self.state.get('forkserver_pid')} started {self.started_at:.3f}"
 
-    def measure(self, request: bytes) -> dict[str, Any]:
+    def take_cpus(self, wanted: int, owner_pid: int) -> CpuGrant:
+        """`wanted` of this node's cores for one cell alone, held until `measure(..., slot)` returns (or
+        `owner_pid` is gone); no slot, and why, when that many are not free."""
+        return self.cpu_slots.take(wanted, owner_pid)
+
+    def measure(self, request: bytes, slot: int = 0) -> dict[str, Any]:
         """Fork a fresh process for one cell (its request cloudpickled); returns its result, or how it
-        died (`exitcode`)."""
-        reply = self._fork(request)
+        died (`exitcode`). The process dies with the cell's actor, so this returns and `slot` goes back."""
+        try:
+            reply = self._fork(request)
+        finally:
+            self.cpu_slots.release(slot)
         reply["template"] = self.identity()
         return reply
 

@@ -62,3 +62,25 @@ def environ_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[s
     result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
     result.environment["environ_names"] = sorted(os.environ)
     return result.to_dict()
+
+
+def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+    """Keeps one core busy for `testing.sleep_s`, as a GPU cell's kernel-launching thread does, while it
+    meters the CPUs it may run on; tags the result with the host verdict a measured cell would get."""
+    from kvsweep.measure.contention import HostMeter
+    from kvsweep.measure.verdict import HostEvidence
+    from kvsweep.names import ResultTag
+
+    the_cell, the_protocol = Cell(**cell), MeasureProtocol(**protocol)
+    meter = HostMeter()
+    meter.start()
+    end = time.monotonic() + float(testing.get("sleep_s", 0.0))
+    while time.monotonic() < end:
+        pass
+    reading = meter.stop()
+    contended, contention = HostEvidence([reading], the_protocol.max_host_contention).verdict()
+    shares = reading.to_dict() if reading is not None else {}
+    result = CellResult(cell_id(the_cell, the_protocol), the_cell, OK, metrics={Metric.E2E_MS: 1.0, **shares})
+    result.tags.update({ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention})
+    result.environment["metered_cpus"] = ",".join(map(str, meter.cpus))
+    return result.to_dict()
