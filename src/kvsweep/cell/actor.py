@@ -132,6 +132,8 @@ class CellActor:
             host_oom = kills_before is not None and kills_after is not None and kills_after > kills_before
             raise CellProcessDied(reply["exitcode"], host_oom)
         result = reply["result"]
+        if "unreadable_request" in result:  # the forked process could not read the cell's request
+            raise RuntimeError(result["unreadable_request"])
         result["environment"]["template"] = reply["template"]
         self.timeline.update(result["environment"]["forked"].pop("timeline"))
         return result
