@@ -6,6 +6,11 @@ runs such cells builds (or, on CUDA, just loads when already built) in a short R
 the cells hold (a GPU for CUDA extensions); a failed build turns those cells into `skipped` with the
 compiler's first error (`build_failure`), so nothing runs into it blind. On a one-node cluster an
 extension already built for the installed torch is not touched.
+
+Compiled CUDA cells need one more native build, Triton's launcher, which Triton makes itself in each
+cell's first call. Where it would fail is found on each GPU node in a short task (`launcher_problems`),
+since the driver may be a machine without the GPU nodes' compiler, headers or libcuda; one node that
+lacks them turns every compiled CUDA cell into `skipped` with what it lacks, as a failed build does.
 """
 
 import re
@@ -19,8 +24,10 @@ import ray
 from kvsweep.caches import get_strategy
 from kvsweep.caches.native_build import NativeBuild
 from kvsweep.plan.cell_plan import PlannedCell
+from kvsweep.plan.triton_launcher import launcher_problem
 
 BUILD_TIMEOUT_S = 1800.0  # nvcc over quanto's Marlin kernels takes minutes on a busy node
+LAUNCHER_CHECK_TIMEOUT_S = 120.0  # a few file checks and one ldconfig per node, after a worker starts
 REASON_CHARS = 300
 
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
@@ -69,7 +76,8 @@ def _meaningful(line: str) -> str:
 
 
 def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]) -> list[PlannedCell]:
-    """The plan, with cells whose extension failed to build marked skipped."""
+    """The plan, with cells whose native code cannot be built on the nodes marked skipped: cells whose
+    extension failed to build, and compiled CUDA cells where a GPU node lacks Triton's launcher toolchain."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     resource = "GPU" if device == "cuda" else "CPU"
@@ -88,11 +96,55 @@ def prebuild(planned: list[PlannedCell], device: str, say: Callable[[str], None]
         except Exception as exc:  # a compiler error, a timeout: the cells that need it cannot run
             failed[build.name] = f"building {build.name} failed: {build_failure(exc)}"
             say(failed[build.name])
-    if not failed:
-        return planned
-    return [
+    planned = [
         replace(p, skip_reason=failed[names[0]])
         if p.runs and (names := [b.name for b in builds_of(p, device) if b.name in failed])
         else p
         for p in planned
     ]
+    if device == "cuda" and nodes and any(p.runs and p.cell.compile for p in planned):
+        planned = skip_compiled(planned, launcher_problems(nodes, say), len(nodes))
+    return planned
+
+
+def _launcher_problem_here(probe: Callable[..., str | None], where: str) -> str | None:
+    return probe(where=where)
+
+
+def launcher_problems(
+    nodes: list[dict[str, Any]], say: Callable[[str], None], probe: Callable[..., str | None] = launcher_problem
+) -> list[str]:
+    """Why Triton could not build its launcher, from each node that says so (each names its node).
+
+    `probe(where=...)` runs on each node (`launcher_problem`: what Triton finds there). A node that
+    does not answer in time is left to the check each cell makes on its own node.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_launcher_problem_here)  # a GPU is not needed to look
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            probe, f"node {n['NodeManagerAddress']}"
+        )
+        for n in nodes
+    ]
+    try:
+        problems = [problem for problem in ray.get(refs, timeout=LAUNCHER_CHECK_TIMEOUT_S) if problem]
+    except Exception as exc:  # a node that never started the task: its cells check for themselves
+        say(f"Triton's launcher toolchain unchecked on the GPU nodes ({build_failure(exc)}): each compiled cell checks")
+        return []
+    if problems:
+        say(problems[0])
+    else:
+        say(f"Triton's launcher toolchain (compiled CUDA cells): present on all {len(nodes)} GPU node(s)")
+    return problems
+
+
+def skip_compiled(planned: list[PlannedCell], problems: list[str], nodes: int) -> list[PlannedCell]:
+    """Compiled cells that would run, skipped with the first node's reason (a cell may land on any node)."""
+    if not problems:
+        return planned
+    reason = problems[0]
+    if len(problems) > 1:
+        reason += f" ({len(problems) - 1} more of the {nodes} GPU nodes lack some of it too)"
+    return [replace(p, skip_reason=reason) if p.runs and p.cell.compile else p for p in planned]

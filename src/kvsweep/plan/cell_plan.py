@@ -11,7 +11,7 @@ from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
-from kvsweep.plan.triton_launcher import LauncherToolchain, launcher_problem
+from kvsweep.plan.triton_launcher import launcher_problem
 from kvsweep.units import GB
 
 
@@ -46,11 +46,13 @@ def plan_cell(
     skip_predicted_oom: bool = True,
     toolchain: Toolchain | None = None,
     host: HostLimits | None = None,
+    launcher: Callable[[], str | None] | None = None,
 ) -> PlannedCell:
     """`shape` is None when the model's config could not be read here (the runner reports why).
 
     With the model's parameter count and the smallest GPU's size known, a CUDA cell predicted not to
-    fit is planned as skipped (unless `skip_predicted_oom` is off).
+    fit is planned as skipped (unless `skip_predicted_oom` is off). Triton's launcher toolchain is
+    not judged here unless `launcher` is given: the plan is made on the driver, not where cells run.
     """
     strategy = get_strategy(cell.cache)
     dense = stored = memory = None
@@ -59,7 +61,7 @@ def plan_cell(
         stored = cell_stored_kv_bytes(cell, shape)
         if parameters is not None:
             memory = estimate_peak(cell, strategy, shape, parameters)
-    reason = skip_reason(cell, device, shape, is_installed, toolchain)
+    reason = skip_reason(cell, device, shape, is_installed, toolchain, launcher)
     gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
     if reason is None and memory is not None and gpu_known and not fits(memory, device_bytes or 0):
         reason = (
@@ -80,7 +82,9 @@ def skip_reason(
     shape: KvShape | None,
     is_installed: Callable[[str], bool],
     toolchain: Toolchain | None = None,  # what builds native extensions here; None: look on this machine
-    launcher: LauncherToolchain | None = None,  # what Triton builds its launcher with; None: look here
+    # why Triton could not build its launcher where this runs (`launcher_problem`: look on this
+    # machine, as a cell does on its node); None: not judged (a GPU node is asked before cells run)
+    launcher: Callable[[], str | None] | None = launcher_problem,
 ) -> str | None:
     strategy = get_strategy(cell.cache)
     needs = strategy.requires
@@ -91,7 +95,7 @@ def skip_reason(
     for build in (b for b in needs.native_builds if b.device == device):
         if problem := build_problem(build, toolchain):
             return problem
-    if cell.compile and device == "cuda" and (problem := launcher_problem(launcher)):
+    if cell.compile and device == "cuda" and launcher is not None and (problem := launcher()):
         return problem
     if shape is not None and shape.max_positions is not None:
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)

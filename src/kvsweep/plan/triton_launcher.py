@@ -1,20 +1,40 @@
-"""What a compiled CUDA cell needs from its node besides a GPU: the tools Triton builds its launcher with.
+"""What a compiled CUDA cell needs from its node besides a GPU: what Triton builds its launcher with.
 
-Inductor turns a compiled graph into Triton kernels, and the first time Triton runs one it compiles a
-small C module that launches it: with the compiler `$CC` names, else `gcc`, else `clang`, against the
-Python headers in the folder sysconfig gives for the running interpreter. A pip-installed torch brings
-neither, so on a bare node every compiled CUDA cell would end in a compiler error at its first call.
-The planner looks where Triton looks and plans those cells as skipped, saying what to install.
-(A compiled CPU cell compiles C++ with Inductor's own compiler search, and is not judged here.)
+Inductor turns a compiled graph into Triton kernels, and the first time a process uses Triton on CUDA,
+Triton compiles a small C module (its driver, which launches every kernel) and links it against the
+CUDA driver library. It looks for each part in a fixed order:
+- the C compiler: `$CC` when set (and only it), else `gcc`, else `clang`;
+- Python.h: in the include folder sysconfig gives for the running interpreter's default scheme
+  (Debian's `posix_local` read as `posix_prefix`);
+- libcuda: `$TRITON_LIBCUDA_PATH` when set (trusted as it is), else the folders `/sbin/ldconfig -p`
+  lists `libcuda.so.1` in, else the `LD_LIBRARY_PATH` folders holding it; the link names
+  `libcuda.so.1` itself (`-l:libcuda.so.1`) in the releases torch 2.13 to 2.15 pin (3.7 to 3.9), a
+  plain `-lcuda` in older ones, which needs an unversioned `libcuda.so` there too.
+A pip-installed torch brings none of these, and a container may hold `libcuda.so.1` alone, so on such
+a node every compiled CUDA cell would end in a compiler or linker error at its first call.
+
+The check is only as good as where it runs: the driver may be a CPU head node or a laptop, so a sweep
+asks each GPU node (`driver/native_builds.py`) and each cell asks again on its own node; the plan
+made on the driver does not judge it. (A compiled CPU cell compiles C++ with Inductor's own compiler
+search, and is not judged here.)
 """
 
+import ast
+import importlib.util
 import os
+import re
 import shutil
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+LAUNCHER_REASON_PREFIX = "compiled CUDA cells run Triton kernels"  # every reason `launcher_problem` gives starts so
+LDCONFIG = "/sbin/ldconfig"  # the path Triton runs, not a PATH search
+LIBCUDA_SONAME = "libcuda.so.1"  # the file Triton looks for in each folder
+_SHARED_LIBRARY_FILE = re.compile(r"\.so(\.\d+)*$|\.a$")  # Triton links such a name as `-l:NAME`
 
 
 @dataclass(frozen=True)
@@ -23,46 +43,121 @@ class LauncherToolchain:
     named_compiler: str | None  # what $CC asks for, when set
     python_include: str  # the folder Triton passes to the compiler for Python.h
     python_headers: bool  # Python.h is in it
+    libcuda: str | None = None  # what keeps the link from finding libcuda; None: it finds it
 
     def missing(self) -> list[str]:
         python = f"python{sys.version_info.major}.{sys.version_info.minor}"
         named = self.named_compiler
-        compiler = "a C compiler (gcc)" if named is None else f"the compiler $CC names ({named})"
+        compiler = "a C compiler (gcc or clang on PATH)" if named is None else f"the compiler $CC names ({named!r})"
+        headers = f"Python's headers (no Python.h in {self.python_include}; e.g. {python}-dev)"
         return [
             what
             for what, present in (
                 (compiler, self.c_compiler is not None),
-                (f"Python's headers (no Python.h in {self.python_include}; e.g. {python}-dev)", self.python_headers),
+                (headers, self.python_headers),
+                (self.libcuda or "", self.libcuda is None),
             )
             if not present
         ]
 
 
 def python_include_dir() -> str:
-    """Where Triton looks for Python.h: the default install scheme's include folder (Debian's
-    `posix_local` read as `posix_prefix`, as Triton does)."""
+    """Where Triton looks for Python.h: the default install scheme's include folder."""
     scheme = sysconfig.get_default_scheme()
     return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+
+
+def read_ldconfig() -> str | None:
+    """`/sbin/ldconfig -p`, the linker cache Triton reads; None where it cannot be run."""
+    try:
+        done = subprocess.run([LDCONFIG, "-p"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.decode(errors="ignore")
+
+
+def triton_libcuda_name(driver_py: Path | None = None) -> str:
+    """The libcuda name the installed Triton links (its NVIDIA driver module's `libraries`), read
+    without importing Triton; `libcuda.so.1`, what current releases link, when it cannot be read.
+
+    `driver_py`: that module's file (the installed Triton's when None).
+    """
+    if driver_py is None:
+        spec = importlib.util.find_spec("triton")
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        driver_py = Path(folders[0], "backends", "nvidia", "driver.py") if folders else None
+    try:
+        module = ast.parse(driver_py.read_text()) if driver_py else None
+    except (OSError, SyntaxError, ValueError):
+        module = None
+    for statement in module.body if module else []:
+        if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) == "libraries" for t in statement.targets):
+            names = statement.value.elts if isinstance(statement.value, ast.List | ast.Tuple) else []
+            for name in names:
+                if isinstance(name, ast.Constant) and isinstance(name.value, str) and "cuda" in name.value:
+                    return name.value
+    return LIBCUDA_SONAME
+
+
+def linked_file(library: str) -> str:
+    """The file the linker needs for a name in Triton's `libraries` (`cuda` is `-lcuda`: libcuda.so)."""
+    return library if _SHARED_LIBRARY_FILE.search(library) else f"lib{library}.so"
+
+
+def libcuda_problem(env: Mapping[str, str], ldconfig: Callable[[], str | None], library: str) -> str | None:
+    """What keeps Triton's link from libcuda, in the words of what to provide; None: nothing.
+
+    `ldconfig`: the linker cache listing (`read_ldconfig`); `library`: the name Triton links.
+    """
+    if env.get("TRITON_LIBCUDA_PATH"):
+        return None  # Triton takes it as it is, and so does this check
+    listing = ldconfig()
+    if listing is None:
+        return f"{LDCONFIG} (Triton finds libcuda with it; or set TRITON_LIBCUDA_PATH to {LIBCUDA_SONAME}'s folder)"
+    folders = [str(Path(line.split()[-1]).parent) for line in listing.splitlines() if LIBCUDA_SONAME in line]
+    if not folders:
+        on_path = [folder for folder in env.get("LD_LIBRARY_PATH", "").split(":") if folder]
+        folders = [folder for folder in on_path if Path(folder, LIBCUDA_SONAME).exists()]
+    present = [folder for folder in folders if Path(folder, LIBCUDA_SONAME).exists()]
+    if not present:
+        return (
+            f"{LIBCUDA_SONAME} where Triton looks ({LDCONFIG} -p, then LD_LIBRARY_PATH; "
+            "run ldconfig after installing the driver, or set TRITON_LIBCUDA_PATH to its folder)"
+        )
+    needed = linked_file(library)
+    if needed == LIBCUDA_SONAME or any(Path(folder, needed).exists() for folder in present):
+        return None
+    return (
+        f"{needed} beside {LIBCUDA_SONAME} in {', '.join(present)} (this Triton links -l{library}; "
+        f"a {needed} symlink to {LIBCUDA_SONAME} there will do)"
+    )
 
 
 def find_launcher_toolchain(
     env: Mapping[str, str] = os.environ,
     which: Callable[[str], str | None] = shutil.which,
     python_include: str | None = None,
+    ldconfig: Callable[[], str | None] = read_ldconfig,
+    library: str | None = None,
 ) -> LauncherToolchain:
-    """`$CC` when set (and only it), else `gcc`, else `clang`: Triton's search order."""
+    """This machine's, searched in Triton's order. `library`: the libcuda name Triton links (the
+    installed Triton's when None)."""
     named = env.get("CC")
     compiler = which(named) if named is not None else (which("gcc") or which("clang"))
     include = python_include or python_include_dir()
-    return LauncherToolchain(compiler, named, include, (Path(include) / "Python.h").is_file())
+    libcuda = libcuda_problem(env, ldconfig, library or triton_libcuda_name())
+    return LauncherToolchain(compiler, named, include, (Path(include) / "Python.h").is_file(), libcuda)
 
 
-def launcher_problem(toolchain: LauncherToolchain | None = None) -> str | None:
-    """Why a compiled CUDA cell cannot run here, or None. `toolchain`: this machine's when None."""
+def launcher_problem(toolchain: LauncherToolchain | None = None, where: str = "this machine") -> str | None:
+    """Why a compiled CUDA cell cannot run where `toolchain` was found (this machine's when None), or None.
+
+    `where`: the machine as the reason names it (a node's address when the driver asks a node).
+    """
     missing = (toolchain or find_launcher_toolchain()).missing()
     if not missing:
         return None
     return (
-        f"compiled CUDA cells run Triton kernels, whose launcher Triton compiles with a C compiler on first use, "
-        f"and this machine lacks {' and '.join(missing)}; install them and rerun"
+        f"{LAUNCHER_REASON_PREFIX}, whose launcher Triton compiles and links against libcuda on first use, "
+        f"and {where} lacks {' and '.join(missing)}; provide them and rerun"
     )
