@@ -6,16 +6,19 @@
 # one cell whose CUDA is made to fail must come back as an error that says so.
 # Exits non-zero when a cell that was not skipped failed or a check of scripts/smoke_summary.py fails.
 # OUT=/abs/or/relative/folder picks where results go (default outputs/gpu_smoke).
-# TORCH_INDEX_URL (a mirror, or another build) and TORCH_SPEC (default: torch) override the torch install;
-# PYTHON names the interpreter for a new .venv. An existing .venv is kept when its torch starts CUDA.
+# TORCH_INDEX_URL (a mirror, or another build) and TORCH_SPEC (default: torch) override the torch install.
+# An existing .venv is kept when its torch starts CUDA (and neither override is set); one whose torch must
+# be replaced is made anew, with the interpreter it was made with. PYTHON names the interpreter for a new
+# .venv instead. Arguments are Hydra overrides for both sweeps (the second keeps its own caches and compile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "gpu_smoke: $*" >&2; exit 1; }
 
-# The interpreter for .venv: $PYTHON, else the first of these new enough (one line when none is).
+# The interpreter for a new .venv: $PYTHON, else python3, else the oldest python3.X new enough (binary
+# wheels of the project's dependencies come first for older Pythons); one line when none is.
 find_python() {
   local name verdict seen=()
-  for name in ${PYTHON:-python3 python3.14 python3.13 python3.12 python3.11}; do
+  for name in ${PYTHON:-python3 python3.11 python3.12 python3.13 python3.14}; do
     command -v "$name" >/dev/null || { seen+=("$name: not found"); continue; }
     if verdict=$("$name" scripts/torch_for_driver.py python 2>/dev/null); then echo "$name"; return; fi
     seen+=("${verdict:-$name: $("$name" --version 2>&1 | head -n 1), which cannot run the check}")
@@ -23,15 +26,22 @@ find_python() {
   fail "no Python new enough for kvsweep: $(IFS=';'; echo "${seen[*]}") (set PYTHON=/path/to/python3.11+)"
 }
 
+make_venv() {  # $1: the interpreter
+  "$1" -m venv .venv >/dev/null 2>&1 ||
+    { rm -rf .venv; fail "$1 -m venv failed (on Debian or Ubuntu: apt-get install python3-venv)"; }
+  # shellcheck source=/dev/null
+  . .venv/bin/activate
+}
+
 command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: this node has no NVIDIA driver"
 smi=$(nvidia-smi 2>&1) || fail "nvidia-smi failed: $(head -n 1 <<<"$smi")"
-python=$(find_python)
-if [[ ! -d .venv ]]; then
-  "$python" -m venv .venv >/dev/null 2>&1 ||
-    { rm -rf .venv; fail "$python -m venv failed (on Debian or Ubuntu: apt-get install python3-venv)"; }
+if [[ -d .venv ]]; then  # its own interpreter decides: the node's python3 may be older, or none at all
+  # shellcheck source=/dev/null
+  . .venv/bin/activate
+else
+  python=$(find_python)
+  make_venv "$python"
 fi
-# shellcheck source=/dev/null
-. .venv/bin/activate
 verdict=$(python scripts/torch_for_driver.py python 2>&1) ||
   fail "${verdict:-the python in .venv cannot run the check}: remove .venv to have it made anew"
 cuda_starts() { env -u PYTORCH_NVML_BASED_CUDA_CHECK python scripts/cuda_starts.py <<<"$smi"; }
@@ -42,7 +52,18 @@ else
   index=$(head -n 1 <<<"$choice")
   setup="$(tail -n 1 <<<"$choice") (index $index)"
   echo "$setup"
-  pip uninstall -q -y torch >/dev/null 2>&1 || true  # a torch already there (CPU-only, other CUDA) would stay
+  # `pip uninstall torch` would leave triton and the CUDA wheels that torch brought (nvidia-*, cuda-*),
+  # which the new build's loader may still find, and packages built against the old torch. Matching their
+  # names is guesswork (nvidia-ml-py is the project's own), so a .venv that has a torch is made anew.
+  if installed=$(python -c 'from importlib.metadata import version; print(version("torch"))' 2>/dev/null); then
+    if [[ -n "${PYTHON:-}" ]]; then python=$(find_python); else
+      python=$(python -c 'import sys; print(sys._base_executable)')
+    fi
+    echo "making .venv anew with $python: it holds torch $installed, which this build replaces"
+    if declare -F deactivate >/dev/null; then deactivate; fi
+    rm -rf .venv
+    make_venv "$python"
+  fi
   pip install -q --index-url "$index" "${TORCH_SPEC:-torch}"
 fi
 pip install -q -e '.[quantized,test]'  # keeps that torch: it satisfies the project's torch>=2.4
@@ -54,14 +75,17 @@ out=$(scripts/smoke_paths.sh "${OUT:-outputs/gpu_smoke}")
 status=0
 python -m kvsweep +sweep=gpu_smoke "hydra.run.dir=$out" "mlflow.tracking_uri=sqlite:///$out/mlflow.db" "$@" ||
   status=$?
-# One cell whose CUDA initialisation is made to fail (the smoke's model, or the one given on the command line).
+# One cell whose CUDA initialisation is made to fail: every argument reaches it (a cluster's address, the
+# model, trust_remote_code) but those that would change its one cache, its compile or its faults.
 faulted=$out/cuda_init_fault
 mkdir -p "$faulted"
-models=()
-for arg in "$@"; do [[ $arg == grid.models=* ]] && models+=("$arg"); done
-python -m kvsweep +sweep=gpu_smoke 'grid.caches=[dynamic]' 'grid.compile=[false]' \
-  '+testing.faults=[{fault:cuda_init}]' "${models[@]}" "hydra.run.dir=$faulted" \
-  "mlflow.tracking_uri=sqlite:///$faulted/mlflow.db" >"$faulted/sweep.log" 2>&1 || true
+its_own='^(\+\+?|~)?(grid\.(caches|compile)|testing\.faults)(=|$)'
+forwarded=()
+for arg in "$@"; do [[ $arg =~ $its_own ]] || forwarded+=("$arg"); done
+# ${a[@]+"${a[@]}"}: an empty array is an unbound variable to `set -u` before bash 4.4
+python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
+  '+testing.faults=[{fault:cuda_init}]' "hydra.run.dir=$faulted" "mlflow.tracking_uri=sqlite:///$faulted/mlflow.db" \
+  >"$faulted/sweep.log" 2>&1 || true
 python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --setup "$setup; $started" ||
   status=$((status == 0 ? 1 : status))
 echo "smoke run took ${SECONDS} s (setup, sweeps with their compiles and quanto's CUDA build, summary)"

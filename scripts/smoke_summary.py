@@ -2,39 +2,67 @@
 
 Per cell: status, the cache class `generate` really used (`kvsweep.cache_class`), the per-repeat
 device peaks (flat when each call is one request), KV bytes (device and host for offloaded caches),
-decode bandwidth utilization, for compiled cells the graphs compiled or recorded while measured and the
-graphs Inductor ran without CUDA graphs, and the CPUs and threads its process had.
+decode bandwidth utilization and the copy bandwidth it divides by, for compiled cells the graphs compiled
+or recorded while measured and the graphs Inductor ran without CUDA graphs, and the CPUs and threads its
+process had.
 Exits 1 when any of these is found (each is one problem):
 - the folder holds no result, or a cell that was not skipped failed (its process said why, or the
   driver recorded how it ended);
 - a peak climbs by more than a tenth of its cache, or an offloaded cell held nothing in host memory;
 - a compiled cell skipped CUDA graphs, or (on CUDA) did not count them;
-- on CUDA, a cell that ran was not given its own CPU slot, or two cells that ran at once on one node
-  shared a CPU;
+- on a GPU whose published peak is known (PEAK_GBPS), the copy bandwidth (`mem_bandwidth_gbps`) is
+  above what its memory can do or so far below it that the reading is broken;
+- on CUDA, a cell that ran was not given its own CPU slot, two cells that ran at once on one node
+  shared a CPU, or a cell computed with more threads than its CPUs (or, threads following Ray's
+  reservation, not exactly as many);
 - a result made inside a cell was not measured in a process forked from a CUDA-clean template
   (`ray.fork_cells`): the template found CUDA initialised by a preload, or never started. Results the
   driver wrote itself (crashed, timed out, inferred OOM) never reached a cell's process: they are
   counted apart, as the failures they are;
 - with --expect-cuda-init-error FOLDER: the sweep there, whose CUDA initialisation was made to fail,
-  did not end as `error` results naming CUDA.
+  did not end as `error` results that the cell's own process sent on its first attempt, with the
+  message the cell raises when CUDA cannot start (`CudaStartError: ...`).
+Compiled cells planned skipped because Triton's launcher cannot be built here are counted.
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER [--setup TEXT] [--expect-cuda-init-error FOLDER]
 """
 
 import argparse
+import re
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
 
 from kvsweep.cell.cpu_slots import SLOT
 from kvsweep.grid import strategy_label
 from kvsweep.names import Metric, ResultTag
+from kvsweep.plan.triton_launcher import LAUNCHER_REASON_PREFIX
 from kvsweep.results import ERROR, OK, SKIPPED, CellResult
 from kvsweep.tracking.journal import Journal
 
 MIB = 1 << 20
+# How kvsweep.cell.environment's error for a CUDA that cannot start begins (its class name, as
+# kvsweep.cell.run records every failure); imported by name, it would load torch and Transformers here.
+CUDA_START_ERROR = "CudaStartError"
+THREADS_FROM_RESERVATION = "ray.cpus_per_cell"  # kvsweep.cell.threads: auto threads on CUDA follow Ray's CPUs
+# Published peak memory bandwidth in GB/s, by a pattern of the device's name (the first match counts).
+# `mem_bandwidth_gbps` counts a copy's bytes read plus written (STREAM's convention), as a peak does: a
+# reading above PEAK_CEILING x peak is impossible, one below PEAK_FLOOR x peak a broken measurement. A MIG
+# slice has a share of the bandwidth, so it is not compared.
+PEAK_GBPS = (
+    (r"\bH100 PCIe\b", 2000.0),
+    (r"\bH100 NVL\b", 3900.0),
+    (r"\bH100\b", 3350.0),  # SXM: "NVIDIA H100 80GB HBM3"
+    (r"\bH200\b", 4800.0),
+    (r"\bA100\b.*\b80GB\b", 2039.0),
+    (r"\bA100\b.*\b40GB\b", 1555.0),
+    (r"\bL40S\b", 864.0),
+    (r"\bL4\b", 300.0),
+    (r"\bA10G?\b", 600.0),
+    (r"\bT4\b", 320.0),
+)
+PEAK_CEILING, PEAK_FLOOR = 1.1, 0.3
 
 
 def made_in_cell(result: CellResult) -> bool:
@@ -73,6 +101,8 @@ def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
             f" kv {cache / MIB:.2f} MiB util {metrics.get(Metric.DECODE_BANDWIDTH_UTILIZATION, float('nan')):.2f}"
             f" implausible={tags.get(ResultTag.IMPLAUSIBLE)}{'  PEAKS CLIMB' if climbing else ''}"
         )
+        text, wrong = bandwidth_reading(result, on_cuda)
+        line, problems = line + text, problems + wrong
         if cell.cache.startswith("offloaded"):  # where its bytes were: most of them on the host
             host = metrics.get(Metric.KV_CACHE_HOST_BYTES, 0.0)
             line += f" device {metrics.get(Metric.KV_CACHE_DEVICE_BYTES, 0) / MIB:.2f} MiB host {host / MIB:.2f} MiB"
@@ -92,6 +122,30 @@ def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
     elif result.status != SKIPPED:
         line += " | made by the driver"
     return line, problems
+
+
+def published_peak_gbps(device_name: str) -> float | None:
+    """The GPU's published peak memory bandwidth, or None: not in PEAK_GBPS, or a MIG slice of it."""
+    if "MIG" in device_name:
+        return None
+    return next((peak for pattern, peak in PEAK_GBPS if re.search(pattern, device_name)), None)
+
+
+def bandwidth_reading(result: CellResult, on_cuda: bool) -> tuple[str, bool]:
+    """The cell's copy bandwidth, against its GPU's published peak when that is known."""
+    gbps = result.metrics.get(Metric.MEM_BANDWIDTH_GBPS)
+    if gbps is None:
+        return " bw -", False
+    text = f" bw {gbps:.0f} GB/s"
+    peak = published_peak_gbps(str(result.environment.get("device_name", ""))) if on_cuda else None
+    if peak is None:
+        return text, False
+    text += f" of {peak:.0f} peak"
+    if gbps > PEAK_CEILING * peak:
+        return text + "  BANDWIDTH ABOVE WHAT THE GPU CAN DO", True
+    if gbps < PEAK_FLOOR * peak:
+        return text + "  BANDWIDTH READING FAR BELOW THE GPU'S PEAK", True
+    return text, False
 
 
 def compile_counts(result: CellResult, on_cuda: bool) -> tuple[str, bool]:
@@ -122,6 +176,20 @@ def cpu_slot_problems(results: list[CellResult]) -> list[str]:
     return problems
 
 
+def thread_problems(results: list[CellResult]) -> list[str]:
+    """On CUDA a cell computes with no more threads than its CPUs, and with exactly as many when its
+    threads follow the CPUs Ray reserved (the auto rule): more would contend with themselves."""
+    problems = []
+    for result in (r for r in results if ran(r)):
+        threads, cpus = result.environment.get("torch_threads"), len(_cpus(result))
+        if threads is None or not cpus:  # no CPUs recorded: cpu_slot_problems says so
+            continue
+        source = result.environment.get("threads_from")
+        if threads > cpus or (source == THREADS_FROM_RESERVATION and threads != cpus):
+            problems.append(f"{_label(result)} computed with {threads} threads ({source}) on {cpus} CPUs")
+    return problems
+
+
 def _label(result: CellResult) -> str:
     return f"{strategy_label(result.cell)} ctx{result.cell.context_length}"
 
@@ -141,10 +209,8 @@ def _overlap(a: CellResult, b: CellResult) -> bool:
 
 
 def toolchain_skips(results: list[CellResult]) -> int:
-    """Compiled cells skipped while their eager twin was not: compiling is what this node could not do."""
-    eager_not_skipped = {r.cell for r in results if not r.cell.compile and r.status != SKIPPED}
-    compiled_skipped = [r.cell for r in results if r.cell.compile and r.status == SKIPPED]
-    return sum(replace(cell, compile=False) in eager_not_skipped for cell in compiled_skipped)
+    """Compiled cells skipped because this node cannot build Triton's launcher (the planner's reason)."""
+    return sum(r.cell.compile and r.status == SKIPPED and r.error.startswith(LAUNCHER_REASON_PREFIX) for r in results)
 
 
 def forked_problems(results: list[CellResult]) -> int:
@@ -164,18 +230,33 @@ def forked_problems(results: list[CellResult]) -> int:
 
 
 def cuda_init_problems(folder: Path) -> int:
-    """The sweep whose CUDA initialisation was made to fail: each cell an `error` whose message names CUDA."""
+    """The sweep whose CUDA initialisation was made to fail: each cell an `error` its own process sent at
+    once, with the cell's message for a CUDA that cannot start (not a device-side assert, not a crash
+    the driver recorded and retried)."""
     results = Journal(folder).read().latest_results()
     if not results:
         print(f"CUDA that cannot start: NO RESULT in {folder} (its sweep.log says why)")
         return 1
     problems = 0
     for result in results:
-        named = result.status == ERROR and "CUDA" in result.error
-        problems += not named
-        verdict = "as it should" if named else "SHOULD BE error NAMING CUDA"
-        print(f"CUDA that cannot start: {_label(result)} {result.status}: {result.error[:160]} ({verdict})")
+        wrong = cuda_start_mismatch(result)
+        problems += wrong is not None
+        print(
+            f"CUDA that cannot start: {_label(result)} {result.status} (attempt {result.attempt}): "
+            f"{result.error[:160]} ({'as it should' if wrong is None else wrong})"
+        )
     return problems
+
+
+def cuda_start_mismatch(result: CellResult) -> str | None:
+    """How a result of the cuda_init sweep differs from what a cell whose CUDA cannot start sends, or None."""
+    if not made_in_cell(result):
+        return "SHOULD COME FROM THE CELL'S PROCESS, NOT THE DRIVER"
+    if result.status != ERROR or not result.error.startswith(CUDA_START_ERROR):
+        return f"SHOULD BE error {CUDA_START_ERROR}: ..."
+    if result.attempt != 1:
+        return "SHOULD END ON ITS FIRST ATTEMPT, NOT BE RETRIED"
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -206,6 +287,11 @@ def main(argv: list[str]) -> int:
         for problem in slot_problems:
             print(f"CPU SLOT: {problem}")
         failures += len(slot_problems)
+        threads = thread_problems(results)
+        print(f"threads: {len(running) - len(threads)} of {len(running)} cells that ran fit their CPUs")
+        for problem in threads:
+            print(f"THREADS: {problem}")
+        failures += len(threads)
     print(f"compiled cells skipped for the toolchain: {toolchain_skips(results)}")
     failures += forked_problems(results)
     if args.expect_cuda_init_error:

@@ -6,18 +6,23 @@ summary checks (journals written by hand, and real CPU sweeps).
 """
 
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 from contextlib import redirect_stdout
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from kvsweep.grid import Cell
+from kvsweep.models.shape import KvShape
 from kvsweep.names import Metric, ResultTag
+from kvsweep.plan.cell_plan import skip_reason
+from kvsweep.plan.triton_launcher import LauncherToolchain, launcher_problem
 from kvsweep.results import CRASHED, ERROR, OK, OOM, SKIPPED, TIMEOUT, CellResult
 from kvsweep.tracking.journal import Journal, SweepHeader
 
@@ -185,10 +190,13 @@ def test_cuda_that_does_not_start_is_one_line_naming_driver_and_torch_build():
     assert ok and line.startswith("CUDA starts on NVIDIA H100 80GB HBM3: torch ")
 
 
-# --- The smoke script itself, up to the first sweep, on a copy of the checkout whose `pip` only records
-# what it was asked and with an `nvidia-smi` that prints what a real node would.
+# --- The smoke script itself on a copy of the checkout. Its .venv is a real virtual environment without
+# pip or torch (made in milliseconds) whose `pip` only records what it was asked; the node's interpreters
+# and `nvidia-smi` are stand-ins that print what a real node's would.
 
 HELPERS = ("gpu_smoke.sh", "smoke_paths.sh", "smoke_summary.py", "torch_for_driver.py", "cuda_starts.py")
+HOST_PYTHONS = ("python3", "python3.11", "python3.12", "python3.13", "python3.14")
+TOO_OLD = 'echo "$0 is Python 3.10.12, older than the 3.11 pyproject.toml requires"; exit 1'
 
 
 def checkout(tmp_path: Path, with_venv: bool) -> Path:
@@ -197,13 +205,50 @@ def checkout(tmp_path: Path, with_venv: bool) -> Path:
     for name in HELPERS:
         shutil.copy2(ROOT / "scripts" / name, repo / "scripts" / name)
     shutil.copy2(ROOT / "pyproject.toml", repo / "pyproject.toml")
-    if with_venv:  # this session's interpreter (torch without CUDA) behind a pip that records
-        venv = repo / ".venv" / "bin"
-        venv.mkdir(parents=True)
-        (venv / "activate").write_text(f'PATH="{venv}:$PATH"\n')
-        executable(venv / "python", f'exec "{sys.executable}" "$@"')
-        executable(venv / "pip", f'echo "$*" >> "{tmp_path / "pip.log"}"')
+    if with_venv:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", repo / ".venv"], check=True)
+        executable(repo / ".venv/bin/pip", recording_pip(tmp_path))
     return repo
+
+
+def recording_pip(tmp_path: Path) -> str:
+    return f'echo "$*" >> "{tmp_path / "pip.log"}"'
+
+
+def site_packages(repo: Path) -> Path:
+    """Where the checkout's .venv imports packages from."""
+    return next((repo / ".venv/lib").glob("python3*/site-packages"))
+
+
+def installed(repo: Path, name: str, version: str, modules: dict[str, str]) -> None:
+    """A package in the checkout's .venv as pip leaves one: its modules and its metadata."""
+    write_package(site_packages(repo), name, version, modules)
+
+
+def write_package(folder: Path, name: str, version: str, modules: dict[str, str]) -> None:
+    for module, text in modules.items():
+        (folder / module).parent.mkdir(parents=True, exist_ok=True)
+        (folder / module).write_text(text)
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+# A torch whose CUDA libraries do not load: what a torch next to another build's nvidia-* wheels does.
+LIBCUDNN_MISSING = "libcudnn.so.9: cannot open shared object file: No such file or directory"
+TORCH_THAT_CANNOT_LOAD = {"torch/__init__.py": f"raise ImportError({LIBCUDNN_MISSING!r})\n"}
+# A stand-in for a CUDA torch that starts on its GPU: just what scripts/cuda_starts.py calls.
+TORCH_THAT_STARTS = {
+    "torch/__init__.py": (
+        "from . import cuda, version\n__version__ = '2.14.1+cu126'\n\n"
+        "class Tensor:\n    def __init__(self, value): self.value = value\n"
+        "    def __add__(self, other): return Tensor(self.value + other)\n"
+        "    def item(self): return self.value\n\n"
+        "def ones(n, device): return Tensor(1.0)\n"
+    ),
+    "torch/cuda.py": "def init(): pass\n\ndef get_device_name(index): return 'Stand-in GPU'\n",
+    "torch/version.py": "cuda = '12.6'\n",
+}
 
 
 def executable(path: Path, body: str) -> None:
@@ -211,14 +256,32 @@ def executable(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def run_smoke(repo: Path, tmp_path: Path, nvidia_smi: str, **env: str) -> subprocess.CompletedProcess:
+def new_enough_python(tmp_path: Path) -> str:
+    """A node's interpreter new enough for kvsweep: its `-m venv` makes the checkout's kind of .venv and
+    notes who made it."""
+    pip = tmp_path / "recording-pip"
+    executable(pip, recording_pip(tmp_path))
+    return (
+        f'if [ "$1 $2" = "-m venv" ]; then echo "$(basename "$0")" >> "{tmp_path / "made_by.log"}"\n'
+        f'  "{sys.executable}" -m venv --without-pip "$3" && exec cp "{pip}" "$3/bin/pip"\n'
+        f"  exit 1\nfi\n"
+        f'exec "{sys.executable}" "$@"'
+    )
+
+
+def run_smoke(
+    repo: Path, tmp_path: Path, nvidia_smi: str, *args: str, pythons: dict[str, str] | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """The script with this node's `nvidia-smi`, and host interpreters (too old unless `pythons` says)."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     executable(fake / "nvidia-smi", nvidia_smi)
-    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC", "PYTHON")}
+    for name in HOST_PYTHONS:  # they shadow the real ones on PATH
+        executable(fake / name, (pythons or {}).get(name, TOO_OLD))
+    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC", "PYTHON", "OUT")}
     environ.update(env, PATH=f"{fake}:{os.environ['PATH']}")
     return subprocess.run(
-        [repo / "scripts/gpu_smoke.sh"], env=environ, capture_output=True, text=True, timeout=120, check=False
+        [repo / "scripts/gpu_smoke.sh", *args], env=environ, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -226,13 +289,17 @@ def print_smi(text: str) -> str:
     return f"cat <<'SMI'\n{text}SMI"
 
 
+def pip_calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "pip.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
 def test_smoke_script_stops_in_one_line_when_no_python_is_new_enough(tmp_path):
     repo = checkout(tmp_path, with_venv=False)
     old = tmp_path / "old"
     old.mkdir()
     # One that ran the check and was too old, one too old to run it at all (an ancient python3).
-    verdict = "python3.10 is Python 3.10.12, older than the 3.11 pyproject.toml requires"
-    executable(old / "python3.10", f'echo "{verdict}"; exit 1')
+    executable(old / "python3.10", TOO_OLD)
     executable(old / "python3.6", '[ "$1" = --version ] && echo "Python 3.6.15"; exit 1')
     done = run_smoke(repo, tmp_path, print_smi(smi("550.54.14", "12.4")), PYTHON=f"{old}/python3.10 {old}/python3.6")
     assert done.returncode == 1
@@ -241,40 +308,136 @@ def test_smoke_script_stops_in_one_line_when_no_python_is_new_enough(tmp_path):
     assert "PYTHON=" in done.stderr and not (repo / ".venv").exists()
 
 
-def test_smoke_script_stops_in_one_line_when_nvidia_smi_fails(tmp_path):
+@pytest.mark.parametrize(
+    ("new_enough", "chosen"),
+    [
+        # Binary wheels of ray and hqq come first for older Pythons: the oldest that will do.
+        (("python3.11", "python3.12", "python3.13", "python3.14"), "python3.11"),
+        (("python3.12", "python3.14"), "python3.12"),
+        (("python3", "python3.11", "python3.14"), "python3"),  # the node's default first
+    ],
+)
+def test_a_new_venv_is_made_with_python3_else_the_oldest_python_new_enough(tmp_path, new_enough, chosen):
     repo = checkout(tmp_path, with_venv=False)
-    failing = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9'
-    done = run_smoke(repo, tmp_path, failing)
-    assert done.returncode == 1 and done.stderr.splitlines() == [
-        "gpu_smoke: nvidia-smi failed: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
-    ]
+    pythons = dict.fromkeys(new_enough, new_enough_python(tmp_path))
+    done = run_smoke(repo, tmp_path, print_smi(smi("550.54.14", "12.4")), pythons=pythons)
+    assert (tmp_path / "made_by.log").read_text().splitlines() == [chosen], done.stderr
+    assert f"install -q --index-url {INDEX}/cu126 torch" in pip_calls(tmp_path)
 
 
-@pytest.mark.slow  # imports torch twice (the CUDA check before and after the install)
-def test_smoke_script_installs_the_drivers_build_first_and_stops_when_cuda_does_not_start(tmp_path):
-    import torch
-
+def test_an_existing_venv_needs_no_python_on_the_node(tmp_path):
+    """Its interpreter may be one PATH does not hold (pyenv, uv, conda): every python3 on PATH is too old."""
     repo = checkout(tmp_path, with_venv=True)
     done = run_smoke(repo, tmp_path, print_smi(smi("550.54.14", "12.4")))
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.splitlines()[0].startswith("torch build cu126 (CUDA 12.6) for driver 550.54.14 (CUDA 12.4)")
-    assert (tmp_path / "pip.log").read_text().splitlines() == [  # torch from the driver's index, then the project
-        "uninstall -q -y torch",
+    assert pip_calls(tmp_path) == [  # torch from the driver's index, then the project; nothing to replace
         f"install -q --index-url {INDEX}/cu126 torch",
         "install -q -e .[quantized,test]",
     ]
-    last = done.stderr.splitlines()[-1]
-    assert last.startswith("CUDA does not start: driver 550.54.14 (CUDA 12.4), torch ") and torch.__version__ in last
+    # The recording pip installed nothing: the check after the install still finds no torch, and stops.
+    assert done.stderr.splitlines()[-1] == (
+        "CUDA does not start: driver 550.54.14 (CUDA 12.4), torch not installed: "
+        "ModuleNotFoundError: No module named 'torch'"
+    )
     assert not (repo / "outputs").exists()  # no sweep started
 
 
-@pytest.mark.slow
-def test_smoke_script_installs_what_torch_index_url_and_torch_spec_name(tmp_path):
+def test_a_venv_whose_torch_is_replaced_is_made_anew(tmp_path):
+    """`pip uninstall torch` would leave the CUDA wheels of the old build behind; a new .venv has none."""
+    repo = checkout(tmp_path, with_venv=True)
+    installed(repo, "torch", "2.14.1+cu130", TORCH_THAT_CANNOT_LOAD)
+    installed(repo, "nvidia_cudnn_cu13", "9.13.0.50", {"nvidia/cudnn/lib/libcudnn.so.9": ""})
+    made_with = tmp_path / "pythons" / "python3.12"
+    made_with.parent.mkdir()
+    executable(made_with, new_enough_python(tmp_path))
+    done = run_smoke(repo, tmp_path, print_smi(smi("550.54.14", "12.4")), PYTHON=str(made_with))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[:2] == [
+        f"torch build cu126 (CUDA 12.6) for driver 550.54.14 (CUDA 12.4): "
+        f"a CUDA 12.x build runs on any 12.x driver; cu130 needs driver >= 580.65.06 (index {INDEX}/cu126)",
+        f"making .venv anew with {made_with}: it holds torch 2.14.1+cu130, which this build replaces",
+    ]
+    assert not list(site_packages(repo).glob("nvidia*")) and not list(site_packages(repo).glob("torch*"))
+    assert (tmp_path / "made_by.log").read_text().splitlines() == ["python3.12"]
+    assert pip_calls(tmp_path) == [f"install -q --index-url {INDEX}/cu126 torch", "install -q -e .[quantized,test]"]
+
+
+def test_installs_what_torch_index_url_and_torch_spec_name(tmp_path):
     repo = checkout(tmp_path, with_venv=True)
     mirror = "https://mirror.example/whl/cu126"
     done = run_smoke(repo, tmp_path, print_smi("garbled"), TORCH_INDEX_URL=mirror, TORCH_SPEC="torch==2.13.0")
     assert done.returncode == 1
-    assert f"install -q --index-url {mirror} torch==2.13.0" in (tmp_path / "pip.log").read_text().splitlines()
+    assert f"install -q --index-url {mirror} torch==2.13.0" in pip_calls(tmp_path)
+
+
+def test_a_torch_that_cannot_import_is_the_same_one_line(tmp_path):
+    """Not a traceback: the line names the driver and the build pip installed, with the loader's reason."""
+    write_package(tmp_path, "torch", "2.14.1+cu130", TORCH_THAT_CANNOT_LOAD)
+    done = subprocess.run(
+        [sys.executable, ROOT / "scripts/cuda_starts.py"],
+        input=smi("550.54.14", "12.4"),
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},  # ahead of site-packages: this torch is the one found
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "CUDA does not start: driver 550.54.14 (CUDA 12.4), torch 2.14.1+cu130 (installed, not imported): "
+        f"ImportError: {LIBCUDNN_MISSING}"
+    ]
+
+
+# The project's command line as a stand-in: it notes the arguments each sweep was started with.
+SWEEP_THAT_RECORDS = "import json, os, sys\nprint(json.dumps(sys.argv[1:]), file=open(os.environ['SWEEPS'], 'a'))\n"
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        (),  # no argument: an empty list must still expand under `set -u` (bash before 4.4)
+        (
+            "ray.address=auto",
+            "device=cuda",
+            "trust_remote_code=true",
+            "grid.models=[llama-3.2-1b]",
+            "grid.caches=[static]",
+            "grid.compile=[true]",
+            "+testing.faults=[{fault:oom}]",
+        ),
+    ],
+)
+def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(tmp_path, user):
+    """A .venv whose torch starts CUDA is kept; the CUDA-fault sweep reaches the same cluster and model."""
+    repo = checkout(tmp_path, with_venv=True)
+    installed(repo, "torch", "2.14.1+cu126", TORCH_THAT_STARTS)
+    installed(repo, "kvsweep", "0.0.0", {"kvsweep/__init__.py": "", "kvsweep/__main__.py": SWEEP_THAT_RECORDS})
+    out = tmp_path / "out"
+    done = run_smoke(
+        repo, tmp_path, print_smi(smi("550.54.14", "12.4")), *user, OUT=str(out), SWEEPS=str(tmp_path / "sweeps")
+    )
+    assert pip_calls(tmp_path) == ["install -q -e .[quantized,test]"], done.stderr  # torch kept, not replaced
+    started = "CUDA starts on Stand-in GPU: torch 2.14.1+cu126 (built for CUDA 12.6), driver 550.54.14 (CUDA 12.4)"
+    assert started in done.stdout.splitlines()
+    measured, faulted = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
+    # The measured sweep gets every argument, after its own (so the user's win).
+    assert measured == [
+        "+sweep=gpu_smoke",
+        f"hydra.run.dir={out}",
+        f"mlflow.tracking_uri=sqlite:///{out}/mlflow.db",
+        *user,
+    ]
+    faulted_dir = out / "cuda_init_fault"
+    assert faulted == [
+        "+sweep=gpu_smoke",
+        *user[:4],  # the cluster, the device, remote code, the model: all but its cache, compile and faults
+        "grid.caches=[dynamic]",
+        "grid.compile=[false]",
+        "+testing.faults=[{fault:cuda_init}]",
+        f"hydra.run.dir={faulted_dir}",
+        f"mlflow.tracking_uri=sqlite:///{faulted_dir}/mlflow.db",
+    ]
 
 
 # --- What the summary checks, on journals written by hand: one result per situation a GPU run can meet.
@@ -288,6 +451,7 @@ def from_cell(cell: Cell, status: str = OK, error: str = "", forked: bool = True
     """A result the cell's own process sent back: the environment it and its actor record."""
     env = {"device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.14.1+cu126", "torch_threads": 2}
     env |= {"ray_node_id": "node-a", "started_at": 100.0, "ended_at": 160.0, "cpus": "4,5", "cpus_from": "slot"}
+    env |= {"threads_from": "ray.cpus_per_cell"}
     env |= {"template": {"pid": 7}} if forked else {}
     metrics = {Metric.COMPILE_RECAPTURES: 0.0, Metric.COMPILE_CUDAGRAPH_SKIPS: 0.0} if cell.compile else {}
     return CellResult(f"id-{cell}", cell, status, error, metrics=metrics, environment=env | environment)
@@ -386,40 +550,121 @@ def test_compiled_cells_that_skip_cuda_graphs_fail(tmp_path, status, skips, devi
     assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)"
 
 
-def test_compiled_cells_skipped_for_the_toolchain_are_counted_with_their_reason(tmp_path):
-    triton = "torch.compile needs a C compiler and Python's headers for Triton's launcher: no cc on this node"
-    quanto = "quantized-quanto-int4 needs a CUDA build of quanto's kernels: no nvcc"
+def test_compiled_cells_skipped_for_the_toolchain_are_counted_by_the_planners_reason(tmp_path):
+    # The planner's own reasons: a node without a C compiler, and a model too short for the cell.
+    no_compiler = LauncherToolchain(None, None, "/usr/include/python3.11", python_headers=True)
+    launcher = launcher_problem(no_compiler, where="node 10.0.0.7")
+    compiled_long = cell("static", compile=True, context=4096)
+    shape = KvShape(30, 3, 64, max_positions=2048)  # the reason reads the same on any device
+    too_long = skip_reason(compiled_long, "cpu", shape, lambda _: True)
+    assert launcher and too_long and not too_long.startswith(launcher[:20])
     results = [
         from_cell(cell("static")),
-        by_driver(cell("static", compile=True), SKIPPED, triton),
-        from_cell(cell("dynamic"), started_at=200.0, ended_at=260.0),
-        by_driver(cell("dynamic", compile=True), SKIPPED, triton),
-        by_driver(cell("quantized-quanto-int4"), SKIPPED, quanto),  # skipped eager too: not compile's doing
-        by_driver(cell("quantized-quanto-int4", compile=True), SKIPPED, quanto),
+        by_driver(cell("static", compile=True), SKIPPED, launcher),
+        from_cell(cell("static", context=2048), started_at=200.0, ended_at=260.0),
+        by_driver(cell("static", compile=True, context=2048), SKIPPED, launcher),
+        from_cell(cell("static", context=4096), started_at=300.0, ended_at=360.0),
+        by_driver(compiled_long, SKIPPED, too_long),  # its eager twin ran, but the toolchain is not why
     ]
     code, lines = summarize(tmp_path, results)
     assert "compiled cells skipped for the toolchain: 2" in lines
-    assert sum(line.startswith("static compiled") and "no cc on this node" in line for line in lines) == 1
+    assert sum(line.startswith("static compiled") and launcher[:100] in line for line in lines) == 2
     assert code == 0
 
 
+def test_a_cell_whose_cuda_cannot_start_is_told_by_the_cells_own_error():
+    """The summary matches the error's start against the class the cell raises, by name."""
+    from kvsweep.cell.environment import CudaStartError
+
+    assert CudaStartError.__name__ == smoke_summary.CUDA_START_ERROR
+
+
+def cuda_start_error() -> str:
+    """The error a cell records when CUDA cannot start: the cell's own code, with a failing initialiser."""
+    from kvsweep.cell.environment import start_device
+    from kvsweep.cell.run import record_failure
+
+    def driver_too_old():
+        raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).")
+
+    result = CellResult("id", cell(), OK)
+    try:
+        start_device("cuda", cuda_init=driver_too_old)
+    except Exception as exc:
+        record_failure(result, ERROR, exc)
+    return result.error
+
+
 @pytest.mark.parametrize(
-    ("results", "problems"),
+    ("made", "problems", "says"),
     [
-        ([from_cell(cell(), ERROR, "RuntimeError: CUDA failed to initialise (injected)", forked=True)], 0),
-        ([by_driver(cell(), CRASHED, "cell process died (exit code 1)")], 1),  # the reason hidden
-        ([from_cell(cell(), ERROR, "ValueError: something else")], 1),  # an error, but not CUDA's
-        ([], 1),  # nothing came back at all
+        (lambda: [from_cell(cell(), ERROR, cuda_start_error())], 0, "(as it should)"),
+        # An error that names CUDA, from a kernel, is not CUDA failing to start.
+        (lambda: [from_cell(cell(), ERROR, "RuntimeError: CUDA error: device-side assert triggered")], 1, "SHOULD BE"),
+        (lambda: [by_driver(cell(), CRASHED, "cell process died (exit code 1)")], 1, "NOT THE DRIVER"),  # hidden
+        (lambda: [by_driver(cell(), ERROR, cuda_start_error())], 1, "NOT THE DRIVER"),  # the text, not from a cell
+        (lambda: [replace(from_cell(cell(), ERROR, cuda_start_error()), attempt=2)], 1, "FIRST ATTEMPT"),  # retried
+        (lambda: [from_cell(cell(), ERROR, "ValueError: something else")], 1, "SHOULD BE"),
+        (lambda: [], 1, "NO RESULT"),  # nothing came back at all
     ],
 )
-def test_a_cell_whose_cuda_cannot_start_must_come_back_as_an_error_naming_cuda(tmp_path, results, problems):
+def test_a_cell_whose_cuda_cannot_start_must_come_back_as_its_own_first_error(tmp_path, made, problems, says):
     faulted = tmp_path / "cuda_init"
     journal = Journal(faulted)
     journal.write_header(SweepHeader("gpu_smoke", "key2", "kvsweep", "sqlite:///y.db", "cuda", ""))
-    for result in results:
+    for result in made():
         journal.append(result)
     code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-cuda-init-error", str(faulted))
-    assert any(line.startswith("CUDA that cannot start: ") for line in lines)
+    assert any(line.startswith("CUDA that cannot start: ") and says in line for line in lines), lines
+    assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
+
+
+@pytest.mark.parametrize(
+    ("threads", "threads_from", "cpus", "device", "problems"),
+    [
+        (2, "ray.cpus_per_cell", "4,5", "cuda", 0),
+        (1, "ray.cpus_per_cell", "4,5", "cuda", 1),  # auto threads follow the 2 CPUs Ray reserved: not 1
+        (3, "measure.threads", "4,5", "cuda", 1),  # 3 threads on 2 cores contend with themselves
+        (1, "measure.threads", "4,5", "cuda", 0),  # fewer, as asked
+        (4, "OMP_NUM_THREADS", "4,5,6,7", "cuda", 0),
+        (8, "cpu affinity", "0,1", "cpu", 0),  # a CPU cell is not held to its slot
+    ],
+)
+def test_on_cuda_a_cells_threads_fit_its_cpus(tmp_path, threads, threads_from, cpus, device, problems):
+    cpus_from = "slot" if device == "cuda" else "shared"
+    result = from_cell(cell(), torch_threads=threads, threads_from=threads_from, cpus=cpus, cpus_from=cpus_from)
+    code, lines = summarize(tmp_path, [result], device)
+    assert any(f"| cpus {cpus} ({cpus_from}) threads {threads}" in line for line in lines), lines
+    assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
+    assert not problems or any(line.startswith("THREADS: ") and f"{threads} threads" in line for line in lines)
+
+
+# Published peaks (GB/s, NVIDIA's data sheets) and the window 0.3-1.1 x peak, worked by hand.
+@pytest.mark.parametrize(
+    ("device_name", "gbps", "device", "problems"),
+    [
+        ("NVIDIA H100 80GB HBM3", 2900.0, "cuda", 0),  # SXM, 3350: 87%
+        ("NVIDIA H100 80GB HBM3", 3800.0, "cuda", 1),  # above 1.1 x 3350 = 3685: no memory is that fast
+        ("NVIDIA H100 80GB HBM3", 900.0, "cuda", 1),  # below 0.3 x 3350 = 1005: a broken reading
+        ("NVIDIA H100 PCIe", 2900.0, "cuda", 1),  # the PCIe card's 2000 (ceiling 2200), not the SXM's
+        ("NVIDIA H200", 4300.0, "cuda", 0),  # 4800: 90%
+        ("NVIDIA A100 80GB PCIe", 1700.0, "cuda", 0),  # the A100 80GB's 2039, not the A10's 600
+        ("NVIDIA A100-SXM4-40GB", 1800.0, "cuda", 1),  # 40 GB: 1555, ceiling 1710.5
+        ("NVIDIA L40S", 250.0, "cuda", 1),  # 864: floor 259.2; not the L4's 300
+        ("NVIDIA L4", 250.0, "cuda", 0),  # 300: 83%
+        ("Tesla T4", 280.0, "cuda", 0),  # 320
+        ("NVIDIA H200 MIG 1g.18gb", 500.0, "cuda", 0),  # a slice's share of the bandwidth: printed only
+        ("NVIDIA RTX PRO 6000 Blackwell", 50000.0, "cuda", 0),  # no published peak known here: printed only
+        ("cpu", 20.0, "cpu", 0),
+    ],
+)
+def test_the_copy_bandwidth_is_printed_and_held_to_the_gpus_published_peak(
+    tmp_path, device_name, gbps, device, problems
+):
+    result = from_cell(cell(), device_name=device_name, cpus_from="slot" if device == "cuda" else "shared")
+    result.metrics[Metric.MEM_BANDWIDTH_GBPS] = gbps
+    code, lines = summarize(tmp_path, [result], device)
+    assert any(line.startswith("dynamic ") and f" bw {gbps:.0f} GB/s" in line for line in lines), lines
     assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
 
 
@@ -439,5 +684,5 @@ def test_the_cuda_init_check_passes_on_a_real_sweeps_injected_failure(run_sweep,
     """What the smoke script's second sweep does on a GPU, here on CPU: the check reads what a cell really sends."""
     run = run_sweep("grid.caches=[dynamic]", "+testing.faults=[{fault:cuda_init}]")
     code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-cuda-init-error", str(run.run_dir))
-    assert any(line.startswith("CUDA that cannot start: dynamic ctx64 error: ") for line in lines), lines
+    assert any(line.startswith("CUDA that cannot start: dynamic ctx64 error (attempt 1): ") for line in lines), lines
     assert code == 0 and lines[-1] == "OK: 0 problem(s)"
