@@ -19,6 +19,7 @@ from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.plan.calls import most_measured, worst_case_calls
 from kvsweep.plan.cell_plan import plan_cell
+from kvsweep.plan.kv_bytes import decode_kv_traffic
 from kvsweep.plan.offload import HostLimits, estimate_offload
 from kvsweep.plan.sweep_plan import model_facts
 
@@ -53,10 +54,23 @@ def protocol(**changed: float) -> MeasureProtocol:
 
 def test_every_decoded_token_moves_the_whole_cache_there_and_back():
     estimate = estimate_offload(cell("offloaded", 130944, 4), get_strategy("offloaded"), SHAPE, 25.0, LONG_CONTEXT)
-    mean_tokens = 130944 + 64  # the cache grows by one token per step: its mean length over 127 steps
-    by_hand = 2 * PER_TOKEN * 4 * mean_tokens  # about 137 GB
-    assert estimate.moved_bytes_per_token == pytest.approx(by_hand, rel=0.01)
-    assert estimate.seconds_per_token == pytest.approx(by_hand / LINK, rel=0.01)
+    # Step j (1 .. 127) brings each layer in at 130,944 + j - 1 tokens and sends it back at 130,944 + j:
+    # 2 x 130,944 + 2j - 1 tokens; over j = 1 .. 127 the mean of 2j - 1 is 127 (the mean of j is 64).
+    mean_tokens = 2 * 130944 + 127
+    by_hand = PER_TOKEN * 4 * mean_tokens  # 524,288 B x 262,015 = 137.4 GB
+    assert estimate.moved_bytes_per_token == pytest.approx(by_hand, rel=1e-12)
+    assert estimate.seconds_per_token == pytest.approx(by_hand / LINK, rel=1e-12)
+
+
+def test_the_planner_predicts_the_host_link_bytes_the_cell_reports():
+    """One model of the link: the planner's bytes per token are the cell's `decode_host_link_bytes_per_token`."""
+    for cache in ("offloaded", "offloaded_static"):
+        strategy = get_strategy(cache)
+        estimate = estimate_offload(cell(cache, 4096, 2), strategy, SHAPE, 25.0, LONG_CONTEXT)
+        reported = decode_kv_traffic(strategy, SHAPE, 2, "bfloat16", 4096, 128).host_link_bytes
+        assert estimate.moved_bytes_per_token == reported
+    # offloaded_static moves its whole allocation of 4,096 + 127 tokens both ways at every step
+    assert reported == 2 * PER_TOKEN * 2 * (4096 + 127)
 
 
 def test_a_cells_time_counts_every_prefill_and_every_call_its_rules_allow():
@@ -64,8 +78,8 @@ def test_a_cells_time_counts_every_prefill_and_every_call_its_rules_allow():
     per_token = PER_TOKEN * 4  # batch 4
     # The prefill writes all 32 layers of 65,536 tokens to the host and brings the first one back.
     prefill = 65536 * per_token * (32 + 1) / 32
-    # 127 decode steps, each moving every layer there and back at 65,536 + j tokens (j = 1 .. 127).
-    decode = sum(2 * per_token * (65536 + j) for j in range(1, 128))
+    # 127 decode steps, each bringing every layer in at 65,536 + j - 1 tokens and back at 65,536 + j.
+    decode = sum(per_token * ((65536 + j - 1) + (65536 + j)) for j in range(1, 128))
     call_s = (prefill + decode) / LINK  # about 351 s
     # Calls: 1 cold + 2 warmup + 5 repeats (the 2 s floor is met by the first) + 8 re-runs of discarded
     # calls (the 60 s cap stops nothing before the 5 repeats are kept) + 1 quality call = 17.
@@ -87,7 +101,11 @@ def test_a_cells_time_counts_every_prefill_and_every_call_its_rules_allow():
         (0.01, {}, 30, 8),  # the floor would take 200: max_repeats caps it
         (0.3, {"target_rel_ci": 0.02}, 30, 8),  # a precision target may never be met: up to the cap
         (10.0, {"min_duration_s": 100.0, "max_discarded": 1}, 5, 1),  # 60 s cap: 6 calls, 5 + 1 re-run
-        (1.0, {"max_duration_s": 0.0, "max_discarded": 0}, 5, 0),  # the schema's "off" values
+        # the schema's "off" values: no time cap, and no contention guard (max_host_contention=1), so
+        # none of the 8 re-runs max_discarded allows can happen
+        (1.0, {"max_duration_s": 0.0, "max_host_contention": 1.0}, 5, 0),
+        (0.3, {"max_host_contention": 1.0}, 7, 0),  # the guard off: only the 2 s floor adds calls
+        (1.0, {"max_discarded": 0}, 5, 0),  # the guard on, with no re-runs allowed
     ],
 )
 def test_the_worst_case_call_count_follows_the_measured_phase_rules(call_s, changed, kept, discarded):
@@ -98,12 +116,18 @@ def test_the_worst_case_call_count_follows_the_measured_phase_rules(call_s, chan
 
 @pytest.mark.parametrize(
     ("call_s", "changed"),
-    [(0.3, {}), (1.0, {}), (0.01, {"max_discarded": 3}), (0.3, {"min_duration_s": 0.0, "repeats": 2})],
+    [
+        (0.3, {}),
+        (1.0, {}),
+        (0.01, {"max_discarded": 3}),
+        (0.3, {"min_duration_s": 0.0, "repeats": 2}),
+        (0.3, {"max_host_contention": 1.0}),  # the guard off: even a host others fill discards nothing
+    ],
 )
 def test_the_count_is_what_the_measured_phase_makes_when_every_call_it_may_discard_is_contended(call_s, changed):
-    """A second reading: `measure_phase` run with calls of `call_s` seconds and a host that is always busy."""
+    """A second reading: `measure_phase` run with calls of `call_s` seconds and a host others fill entirely."""
     rules_of = protocol(**changed, max_duration_s=0.0)  # its time cap reads the real clock: off here
-    busy = CallContention(other_s=1.0, steal_s=0.0, capacity_s=2.0, cpus=2)
+    busy = CallContention(other_s=2.0, steal_s=0.0, capacity_s=2.0, cpus=2)
 
     class Busy:
         def start(self) -> None:
@@ -183,13 +207,14 @@ def test_the_long_context_sweep_plans_only_offloaded_cells_that_can_finish():
     planned, _ = plan_sweep(compose_config(overrides).config, "cuda")
     offloaded = {(p.cell.cache, p.cell.context_length, p.cell.batch_size): p for p in planned if p.offload}
     # By hand: 17 calls (above) of 127 round trips of the cache and one prefill each, at 25 GB/s, within
-    # 3600 s: one call may take 3600 / 17 = 211.8 s. A round trip at batch x (context + ~64) tokens moves
-    # 2 x 131,072 B per token: batch 4 at 32,768 is 175 s per call (runs), at 65,536 it is 351 s
-    # (skipped, as is 130,944); batch 1 at 130,944 is 175 s (runs).
+    # 3600 s: one call may take 3600 / 17 = 211.8 s. The 127 round trips move batch x (2 context + 127)
+    # tokens each on average (in at context + j - 1, back at context + j), 131,072 B per token: batch 4
+    # at 32,768 is 175 s per call (runs), at 65,536 it is 351 s (skipped, as is 130,944); batch 1 at
+    # 130,944 is 175 s (runs).
     per_call_limit = 3600 / 17
     for key, p in offloaded.items():
         _, context, batch = key
-        by_hand = (127 * 2 * PER_TOKEN * batch * (context + 64) + PER_TOKEN * batch * context * 33 / 32) / LINK
+        by_hand = (127 * PER_TOKEN * batch * (2 * context + 127) + PER_TOKEN * batch * context * 33 / 32) / LINK
         assert p.runs == (by_hand <= per_call_limit), key
     too_slow = {(cache, context, 4) for cache in ("offloaded", "offloaded_static") for context in (65536, 130944)}
     assert len(offloaded) == 2 * 6 * 2  # two offloaded caches x six contexts x two batch sizes

@@ -1,8 +1,10 @@
-"""The bytes each kind of cache holds, exactly: one function per way of storing K and V.
+"""The bytes each kind of cache holds, exactly: one function per way of storing K and V; and the device
+bytes a decode step moves for it, one function per way of reading them.
 
-A strategy names its function in the registry (`CacheStrategy.stored_bytes`); the planner, the memory
-estimate and the cell's decode-bytes figure all call it, and tests compare it with real caches byte
-for byte. The dense formula is also the yardstick every measured `kv_cache_bytes` is compared with.
+A strategy names its functions in the registry (`CacheStrategy.stored_bytes`, `decode_step_bytes`); the
+planner, the memory estimate and the cell's decode-bytes figure all call them, and tests compare the
+stored bytes with real caches byte for byte. The dense formula is also the yardstick every measured
+`kv_cache_bytes` is compared with.
 """
 
 from collections.abc import Callable
@@ -31,6 +33,49 @@ def dense_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, 
 def reserved_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
     """A static layout: its reserved length, or the request's when nothing is reserved."""
     return dense_kv_bytes(shape, max(prompt + decoded, strategy.reserve_tokens or 0), batch, dtype)
+
+
+def allocated_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, decoded: int
+) -> int:
+    """Bytes the cache's tensors span after `decoded` decode steps of a call that makes `new` tokens: a
+    preallocating (static) layout is allocated for the whole call before the prefill, so it spans its
+    full length from the start."""
+    return strategy.held_bytes(shape, batch, dtype, prompt, new - 1 if strategy.preallocates else decoded)
+
+
+def attended_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, step: int
+) -> int:
+    """Decode step `step` (1 ..) of a dense or static cache: attention reads the cache as it is after the
+    step's update (a static layout at its full allocation)."""
+    return allocated_bytes(strategy, shape, batch, dtype, prompt, new, step)
+
+
+def quantized_step_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, step: int
+) -> int:
+    """Device bytes decode step `step` (1 ..) of a Transformers `QuantizedLayer` cache moves, as `update` runs.
+
+    Before the step each layer's K (and V) holds q tokens packed (codes, scales, zero points) and r in
+    a dense residual: r = (step - 1) % residual length, q = prompt + step - 1 - r. `update` dequantizes
+    the packed part (reads the payload, writes q dense tokens), concatenates that with the residual and
+    the new token (reads q + r + 1 dense tokens, writes prompt + step), and attention reads the result:
+
+        held(step - 1) + dense(1) + 2 dense(q) + 2 dense(prompt + step)
+
+    over every layer, K and V. Not counted, so this is a floor: the residual's own append and the
+    re-quantization every residual length (the cache's update, as a dynamic cache's append is not
+    counted), and a backend's temporaries inside dequantize (HQQ unpacks, subtracts, scales).
+    """
+    residual = (step - 1) % QUANTIZED_RESIDUAL_TOKENS
+    packed_tokens = prompt + step - 1 - residual
+    stored = strategy.held_bytes(shape, batch, dtype, prompt, step - 1)  # the payload and the residual
+
+    def dense(tokens: int) -> int:
+        return dense_kv_bytes(shape, tokens, batch, dtype)
+
+    return stored + dense(1) + 2 * dense(packed_tokens) + 2 * dense(prompt + step)
 
 
 def no_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:

@@ -8,7 +8,14 @@ the driver sends such strategies to each cell's actor with the cell, so both sid
 import contextlib
 from collections.abc import Iterator
 
-from kvsweep.caches.accounting import dense_bytes, hqq_bytes, no_bytes, quanto_bytes, reserved_bytes
+from kvsweep.caches.accounting import (
+    dense_bytes,
+    hqq_bytes,
+    no_bytes,
+    quantized_step_bytes,
+    quanto_bytes,
+    reserved_bytes,
+)
 from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA
 from kvsweep.caches.strategy import RESERVE_SEPARATOR, CacheStrategy, Requirements
 
@@ -23,6 +30,7 @@ def _quantized(backend: str, package: str, layer_class: str, nbits: int) -> Cach
         family="quantized",
         implementation="quantized",
         stored_bytes=quanto_bytes if backend == "quanto" else hqq_bytes,
+        decode_step_bytes=quantized_step_bytes,
         cache_class="QuantizedCache",
         layer_class=layer_class,
         requires=Requirements(

@@ -26,6 +26,8 @@ class KvDims(Protocol):
 
 # (strategy, shape, batch, dtype, prompt tokens, decoded tokens) -> bytes the cache holds
 StoredBytes = Callable[["CacheStrategy", KvDims, int, str, int, int], int]
+# (strategy, shape, batch, dtype, prompt tokens, tokens the call makes, decode step 1 ..) -> device bytes
+StepBytes = Callable[["CacheStrategy", KvDims, int, str, int, int, int], int]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class CacheStrategy:
     family: Family
     implementation: str | None  # `cache_implementation` for generate; None means use_cache=False
     stored_bytes: StoredBytes  # the bytes it holds (caches/accounting.py), checked against real caches
+    # The device bytes a decode step moves for it (caches/accounting.py); None: attention reads the cache
+    # as it is after the step's update (`accounting.attended_bytes`), as a dense or static cache does.
+    decode_step_bytes: StepBytes | None = None
     # What `generate` must hand back (checked on every ok cell: a silent fallback in transformers must
     # never be logged under this strategy's name). None: no cache object at all.
     cache_class: str | None = None

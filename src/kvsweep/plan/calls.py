@@ -8,7 +8,11 @@ least `call_s` seconds each, the most calls its rules allow are:
 - kept calls: at least `repeats`; more while the kept calls add up to less than `min_duration_s`
   (`ceil(min_duration_s / call_s)` calls reach it), or, with a precision target, until `repeat_cap`
   (the target may never be met); never more than `repeat_cap`;
-- discarded calls: up to `max_discarded`, each re-run, at any point of the phase;
+- discarded calls: up to `max_discarded`, each re-run, at any point of the phase, while the contention
+  guard is on. `max_host_contention=1` turns it off: a call is discarded when others took more than
+  that share of the cell's CPUs beyond the reading's resolution (`CallContention.over`), and no share
+  exceeds 1, so none is (the guard tightens to 0 only in a niced process, and kvsweep's Ray workers
+  run at niceness 0);
 - with a time cap (`max_duration_s`), no call starts once `repeats` calls are kept and the calls so far
   took the cap: at most `ceil(max_duration_s / call_s)` calls, unless `repeats + max_discarded` are
   needed to keep `repeats`.
@@ -24,6 +28,7 @@ from kvsweep.grid import MeasureProtocol
 
 COLD_CALLS = 1
 QUALITY_CALLS = 1
+GUARD_OFF = 1.0  # `max_host_contention` at which no call is ever discarded
 
 
 @dataclass(frozen=True)
@@ -53,18 +58,24 @@ def most_kept(protocol: MeasureProtocol, call_s: float) -> int:
     return min(cap, max(protocol.repeats, math.ceil(protocol.min_duration_s / call_s)))
 
 
+def most_discarded(protocol: MeasureProtocol) -> int:
+    """Calls the phase may discard and re-run: `max_discarded`, or none with the contention guard off."""
+    return protocol.max_discarded if protocol.max_host_contention < GUARD_OFF else 0
+
+
 def most_measured(protocol: MeasureProtocol, call_s: float) -> int:
     """Measured calls, kept and discarded, under every rule of the phase, the time cap included."""
-    unbounded = most_kept(protocol, call_s) + protocol.max_discarded
+    discarded = most_discarded(protocol)
+    unbounded = most_kept(protocol, call_s) + discarded
     if protocol.max_duration_s <= 0 or call_s <= 0:
         return unbounded
     until_cap = math.ceil(protocol.max_duration_s / call_s)
-    return min(unbounded, max(protocol.repeats + protocol.max_discarded, until_cap))
+    return min(unbounded, max(protocol.repeats + discarded, until_cap))
 
 
 def worst_case_calls(protocol: MeasureProtocol, call_s: float) -> CallCount:
     """Every call a cell makes when every discard it may re-run is re-run; `call_s`: a lower bound on one
     call's time (fewer seconds per call, more calls to reach the time floor: the count stays an upper bound)."""
-    measured = most_measured(protocol, call_s)  # never fewer than repeats + max_discarded
-    discarded = protocol.max_discarded
+    measured = most_measured(protocol, call_s)  # never fewer than repeats + the discards
+    discarded = most_discarded(protocol)
     return CallCount(COLD_CALLS, protocol.warmup, measured - discarded, discarded, QUALITY_CALLS)

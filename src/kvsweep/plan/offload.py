@@ -6,8 +6,14 @@ between its uses: before layer i's update the next layer is prefetched to the de
 (`.to("cpu", non_blocking=True)`). So the prefill writes the whole cache to the host and brings the
 first layer back, and every decode step moves each layer there and back, whole: at long context the
 cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB per token, seconds
-over PCIe), enough for a cell to run past its timeout and be retried for nothing. The cell's time
-is these transfers over the most calls its measurement rules allow (`plan/calls.py`).
+over PCIe), enough for a cell to run past its timeout and be retried for nothing. A step's bytes are
+`kv_bytes.decode_kv_traffic`'s host-link figure, the one the cell reports as
+`decode_host_link_bytes_per_token`, so prediction and measurement can be set side by side.
+
+The predicted time is these host-link transfers alone over the most calls the cell's measurement
+rules allow (`plan/calls.py`): no compute, no model load, no call of the quality check's dynamic
+baseline. Each call takes at least its transfers, so a cell predicted within its timeout may still
+pass it; one predicted beyond it would pass it if it made every call its rules allow.
 
 Pinned memory: a non-blocking copy from the GPU allocates its host tensor pinned, from CUDA's caching
 host allocator, which rounds each block up to a power of two, reuses a freed block only for a request
@@ -25,13 +31,15 @@ a host thread far ahead of its copies can briefly hold more than one block per t
 """
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
+from kvsweep.caches.accounting import allocated_bytes
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.calls import CallCount, worst_case_calls
-from kvsweep.plan.kv_bytes import mean_decode_kv_bytes
+from kvsweep.plan.kv_bytes import decode_kv_traffic
 from kvsweep.units import GB
 
 
@@ -41,9 +49,9 @@ class OffloadEstimate:
     prefill_bytes: float  # the prefill's cache to the host, and its first layer back to the device
     moved_bytes_per_token: float  # to the device and back, every layer, averaged over the decode
     seconds_per_token: float  # at the configured host link speed
-    call_seconds: float  # one call's transfers: its prefill and its decode steps
+    call_seconds: float  # one call's transfers alone: its prefill and its decode steps
     calls: CallCount  # the most calls the cell can make
-    cell_seconds: float  # call_seconds x every one of those calls
+    cell_seconds: float  # call_seconds x every one of those calls: the transfers alone
 
 
 @dataclass(frozen=True)
@@ -73,39 +81,38 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def offloaded_cache_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape, decoded: int) -> int:
-    """The whole cache as it goes to the host after `decoded` decode steps (0: the prefill); a static
-    layout is allocated at its full length before the prefill writes into it."""
-    if strategy.preallocates:
-        decoded = cell.max_new_tokens - 1
-    return strategy.held_bytes(shape, cell.batch_size, cell.dtype, cell.context_length, decoded)
-
-
 def pinned_host_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> int:
     """Every layer's keys and values, one block for each power of two they are rounded to during a call:
     after the prefill (decoded 0) and after each decode step (see the module docstring)."""
     layers = max(shape.layers, 1)
-    held = (offloaded_cache_bytes(cell, strategy, shape, decoded) for decoded in range(cell.max_new_tokens))
-    sizes = {next_power_of_two(total // (2 * layers)) for total in held}
+    sizes = {next_power_of_two(total // (2 * layers)) for total in _cache_after_each_step(cell, strategy, shape)}
     return 2 * layers * sum(sizes)
 
 
 def prefill_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> float:
     """The prefill offloads every layer once, then prefetches the first for the next step."""
     layers = max(shape.layers, 1)
-    return offloaded_cache_bytes(cell, strategy, shape, 0) * (layers + 1) / layers
+    return next(_cache_after_each_step(cell, strategy, shape)) * (layers + 1) / layers
+
+
+def _cache_after_each_step(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> Iterator[int]:
+    """The whole cache as it goes to the host after the prefill (decoded 0), then after each decode step."""
+    for decoded in range(cell.max_new_tokens):
+        yield allocated_bytes(
+            strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens, decoded
+        )
 
 
 def estimate_offload(
     cell: Cell, strategy: CacheStrategy, shape: KvShape, link_gbps: float, protocol: MeasureProtocol
 ) -> OffloadEstimate | None:
     """None for a cache that does not offload."""
-    if strategy.device_layers is None:
+    if not strategy.offloading:
         return None
     link = link_gbps * GB
     prefill = prefill_bytes(cell, strategy, shape)
-    mean = mean_decode_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens)
-    moved = 2 * mean  # there and back
+    traffic = decode_kv_traffic(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens)
+    moved = traffic.host_link_bytes  # there and back
     decode_steps = cell.max_new_tokens - 1  # the first token comes from the prefill
     call_s = (prefill + decode_steps * moved) / link
     calls = worst_case_calls(protocol, call_s)
@@ -125,9 +132,10 @@ def offload_problem(estimate: OffloadEstimate, timeout_s: float, host_memory_byt
         return (
             f"predicted timeout: {estimate.moved_bytes_per_token / GB:.1f} GB to the device and back per token "
             f"({estimate.seconds_per_token:.2f} s at planner.host_link_gbps) and {estimate.prefill_bytes / GB:.1f} GB "
-            f"per prefill make {estimate.call_seconds:.0f} s per call; {calls.total} calls at most (cold "
-            f"{calls.cold}, warmup {calls.warmup}, measured {calls.kept} + {calls.discarded} re-run, quality "
-            f"{calls.quality}) make {estimate.cell_seconds:.0f} s, beyond ray.cell_timeout_s={timeout_s:g}; "
+            f"per prefill make {estimate.call_seconds:.0f} s of host-link transfers per call; over the cell's "
+            f"{calls.total} calls at most (cold {calls.cold}, warmup {calls.warmup}, measured {calls.kept} + "
+            f"{calls.discarded} re-run, quality {calls.quality}) the transfers alone take "
+            f"{estimate.cell_seconds:.0f} s, beyond ray.cell_timeout_s={timeout_s:g}; "
             "shorten the context or raise the timeout"
         )
     return None

@@ -94,7 +94,7 @@ def limits_text(limits: PlanLimits) -> list[str]:
 def offload_note(estimate: OffloadEstimate) -> str:
     """What an offloaded cell that runs is predicted to take of the host: its pinned blocks and link time."""
     return (
-        f"pinned host {estimate.host_bytes / GB:.1f} GB; transfers {estimate.cell_seconds:.0f} s "
+        f"pinned host {estimate.host_bytes / GB:.1f} GB; host-link transfers alone {estimate.cell_seconds:.0f} s "
         f"over at most {estimate.calls.total} calls"
     )
 
