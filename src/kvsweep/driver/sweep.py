@@ -299,7 +299,7 @@ class SweepRun:
         interrupts = SignalInterrupts()
         try:
             with interrupts, progress.shown():
-                scheduler.run(jobs, self.record, started, self.pruner.admit)
+                scheduler.run(jobs, self.record, started, self.pruner.admit, on_wait=lambda job, text: self.say(text))
         except KeyboardInterrupt:
             with interrupts_ignored():
                 killed = scheduler.kill_all()
