@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from conftest import cell_runs
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run import record_failure, run_cell
+from kvsweep.cell.template import NO_RESULT
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.results import ERROR, OK, CellResult
 from kvsweep.testing.seams import seams_from
 from kvsweep.tracking.journal import Journal
 
@@ -24,6 +26,8 @@ CELL = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False)
 PROTOCOL = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
 DRIVER_TOO_OLD = "The NVIDIA driver on your system is too old"  # torch's words, which the fault repeats
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+NVML_CHECK_BEFORE = os.environ.get(NVML_CHECK)  # this process's own setting, before any template
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"  # a sticky error, in CUDA's words
 
 
 def test_cuda_that_cannot_start_is_an_error_with_its_reason_and_the_host_found_so_far():
@@ -70,15 +74,32 @@ def _environ_names(pid: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def template():
-    """A warm template in this process (its forkserver is real); this process's NVML setting restored after."""
+    """A warm template in this process (its forkserver is real). The template keeps the NVML setting in its
+    own process (its Ray actor, on a node); here this process gets its own back as soon as the forkserver
+    has started with it, so that no later test runs with it."""
     from kvsweep.cell.template import CellTemplate
 
     before = os.environ.get(NVML_CHECK)
-    yield CellTemplate()
-    if before is None:
-        os.environ.pop(NVML_CHECK, None)
-    else:
-        os.environ[NVML_CHECK] = before
+    try:
+        started = CellTemplate()  # its forkserver starts here, inheriting the setting
+    finally:
+        if before is None:
+            os.environ.pop(NVML_CHECK, None)
+        else:
+            os.environ[NVML_CHECK] = before
+    return started
+
+
+class Unprintable(Exception):
+    """An exception whose message itself raises: not even the cell's error result can be written."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+def unprintable_cell(cell: dict, protocol: dict, testing: dict) -> dict:
+    """A stand-in runner (`testing.runner=test_cell_errors:unprintable_cell`) that fails that way."""
+    raise Unprintable()
 
 
 @pytest.mark.slow
@@ -98,12 +119,35 @@ def test_whatever_fails_in_a_forked_cell_comes_back_as_its_error_never_an_exit_c
     # not even the cell can be read: the answer still says why
     reply = template.measure(pickle.dumps({"cell": CELL.to_dict()})[:-8])  # cut short
     assert reply["exitcode"] == 0
-    assert "could not be read" in reply["result"]["unreadable_request"]
+    assert "could not be read" in reply["result"][NO_RESULT]
+
+    # not even the error result can be built: the last resort still says what was raised
+    reply = template.measure(_request(runner="test_cell_errors:unprintable_cell"))
+    assert reply["exitcode"] == 0
+    message = reply["result"][NO_RESULT]
+    assert "could not be built or sent" in message and "while reporting Unprintable" in message, message
+
+
+def test_a_failure_whose_device_memory_cannot_be_freed_is_still_the_cells_own_error():
+    """After a sticky CUDA error every CUDA call raises it again, `empty_cache` included: the release
+    must not replace the cell's error (before: it escaped `run_cell` and the process exited 1)."""
+    released = []
+
+    def sticky_release() -> None:
+        released.append(True)
+        raise RuntimeError(ILLEGAL_ACCESS)
+
+    result = CellResult("c", CELL, OK)
+    record_failure(result, ERROR, ValueError("injected error"), release_device_memory=sticky_release)
+    assert released == [True]  # the release was tried, and raised
+    assert result.status == ERROR and result.error == "ValueError: injected error"
+    assert "injected error" in result.traceback and ILLEGAL_ACCESS not in result.traceback
 
 
 @pytest.mark.slow
 def test_the_cell_drops_the_templates_nvml_shortcut_before_anything_asks_about_cuda(template):
     assert NVML_CHECK in _environ_names(template.state["forkserver_pid"])  # the template keeps it
+    assert os.environ.get(NVML_CHECK) == NVML_CHECK_BEFORE  # and this process has its own back
     reply = template.measure(_request(runner="kvsweep.testing.stand_ins:environ_cell"))
     assert reply["result"]["status"] == "ok", reply["result"]["error"]
     names = set(reply["result"]["environment"]["environ_names"])

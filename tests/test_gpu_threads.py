@@ -17,8 +17,9 @@ from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell,
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.grid import MeasureProtocol
 
-H100_NODE = {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 2 CPUs per GPU
-BIG_NODE = {"CPU": 192.0, "GPU": 8.0}  # 24 CPUs per GPU
+# Auto CPUs per GPU cell: (node CPUs - 1) x GPUs per cell // node GPUs, one core left per node for Ray.
+H100_NODE = {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 15 // 8 = 1 per GPU
+BIG_NODE = {"CPU": 192.0, "GPU": 8.0}  # 191 // 8 = 23 per GPU
 CPU_NODE = {"CPU": 64.0}
 
 
@@ -30,20 +31,22 @@ def test_eight_gpu_cells_on_one_node_use_its_cores_once_not_once_each():
     cores = 16
     per_cell = auto_cpus_per_cell(gpu_cell(), [H100_NODE])
     threads = [resolve_threads("cuda", 0, per_cell, str(per_cell), cores).count for _ in range(8)]
-    assert sum(threads) <= cores  # before: 8 cells x 16 threads = 128 threads on 16 cores
-    assert threads == [2] * 8  # and each still gets its whole share
+    assert sum(threads) <= cores - 1  # before: 8 cells x 16 threads = 128 threads on 16 cores
+    assert threads == [1] * 8  # each its whole share: 15 // 8 = 1; 8 cores lent, 8 left for Ray and the rest
 
 
 @pytest.mark.parametrize(
     ("nodes", "gpus", "expected"),
     [
-        ([H100_NODE], 1, 2),  # 16 CPUs / 8 GPUs
-        ([H100_NODE], 2, 4),  # a cell holding two GPUs gets two GPUs' share
-        ([BIG_NODE], 1, GPU_CELL_MAX_CPUS),  # 24 per GPU is more than a GPU cell can use
-        ([{"CPU": 4.0, "GPU": 8.0}], 1, 1),  # fewer CPUs than GPUs: at least one each
-        ([BIG_NODE, {"CPU": 24.0, "GPU": 8.0}], 1, 3),  # the leanest GPU node decides: every GPU stays usable
-        ([H100_NODE, CPU_NODE], 1, 2),  # a node without GPUs never holds a GPU cell
-        ([{"CPU": 0.0, "GPU": 2.0}, H100_NODE], 1, 2),  # nor does one without CPUs
+        ([H100_NODE], 1, 1),  # (16 - 1) // 8
+        ([H100_NODE], 2, 3),  # a cell holding two GPUs gets two GPUs' share: 15 x 2 // 8
+        ([{"CPU": 16.0, "GPU": 1.0}], 1, GPU_CELL_MAX_CPUS),  # 15 for one GPU is more than a cell can use
+        ([BIG_NODE], 1, GPU_CELL_MAX_CPUS),  # 23 per GPU, likewise
+        ([{"CPU": 2.0, "GPU": 1.0}], 1, 1),  # 2 - 1: one for the cell, one for Ray
+        ([{"CPU": 4.0, "GPU": 8.0}], 1, 1),  # fewer CPUs than GPUs (3 // 8 = 0): at least one each
+        ([BIG_NODE, {"CPU": 25.0, "GPU": 8.0}], 1, 3),  # the leanest GPU node decides (24 // 8): every GPU usable
+        ([H100_NODE, CPU_NODE], 1, 1),  # a node without GPUs never holds a GPU cell
+        ([{"CPU": 0.0, "GPU": 2.0}, BIG_NODE], 1, GPU_CELL_MAX_CPUS),  # nor does one without CPUs
     ],
 )
 def test_auto_cpus_per_gpu_cell_is_the_nodes_cpus_per_gpu(nodes, gpus, expected):
@@ -51,26 +54,28 @@ def test_auto_cpus_per_gpu_cell_is_the_nodes_cpus_per_gpu(nodes, gpus, expected)
 
 
 def test_auto_cpus_count_only_nodes_the_cell_may_run_on():
-    a100 = {"CPU": 8.0, "GPU": 8.0, "accelerator_type:A100": 8.0}  # 1 per GPU, but not an H100
-    assert auto_cpus_per_cell(gpu_cell(accelerator_type="H100"), [H100_NODE, a100]) == 2
-    assert auto_cpus_per_cell(gpu_cell(), [H100_NODE, a100]) == 1  # any GPU: the A100 node counts
-    nvme = {"CPU": 32.0, "GPU": 4.0, "nvme": 1.0}
-    assert auto_cpus_per_cell(gpu_cell(resources={"nvme": 1.0}), [H100_NODE, nvme]) == 8
+    h100 = {"CPU": 49.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 48 // 8 = 6 per GPU
+    a100 = {"CPU": 17.0, "GPU": 8.0, "accelerator_type:A100": 8.0}  # 16 // 8 = 2 per GPU, but not an H100
+    assert auto_cpus_per_cell(gpu_cell(accelerator_type="H100"), [h100, a100]) == 6
+    assert auto_cpus_per_cell(gpu_cell(), [h100, a100]) == 2  # any GPU: the A100 node counts
+    nvme = {"CPU": 29.0, "GPU": 4.0, "nvme": 1.0}  # 28 // 4 = 7 per GPU
+    assert auto_cpus_per_cell(gpu_cell(resources={"nvme": 1.0}), [H100_NODE, nvme]) == 7
 
 
-def test_every_gpu_of_every_node_can_hold_a_cell_with_the_auto_cpus():
+def test_every_gpu_of_every_node_can_hold_a_cell_with_the_auto_cpus_and_one_core_stays_free():
     shapes = [H100_NODE, BIG_NODE, {"CPU": 12.0, "GPU": 3.0}, {"CPU": 10.0, "GPU": 4.0}, {"CPU": 2.0, "GPU": 1.0}]
     for gpus in (1, 2):
         for node in shapes:
             cpus = auto_cpus_per_cell(gpu_cell(gpus), [node])
             cells = int(node["GPU"]) // gpus
-            assert cells * cpus <= node["CPU"], (node, gpus, cpus)
+            assert cells * cpus <= node["CPU"] - 1, (node, gpus, cpus)  # one core for Ray's daemons, the driver
 
 
 def test_cpu_cells_and_explicit_settings_keep_their_cpus():
     assert auto_cpus_per_cell(CellNeeds(gpus=0, cpus=0), [CPU_NODE]) == 1  # as before: Ray reserves one
     assert with_cpus_resolved(gpu_cell(cpus=6), [H100_NODE]).cpus == 6  # an explicit count is kept
-    assert with_cpus_resolved(gpu_cell(cpus=0), [H100_NODE]).cpus == 2
+    assert with_cpus_resolved(gpu_cell(cpus=2), [H100_NODE]).cpus == 2  # even where auto would give 1
+    assert with_cpus_resolved(gpu_cell(cpus=0), [H100_NODE]).cpus == 1
 
 
 def test_thread_count_rules():

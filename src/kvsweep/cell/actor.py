@@ -27,6 +27,7 @@ from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gate import GatedRun, gate_path, host_gate
 from kvsweep.cell.host_oom import oom_kills
 from kvsweep.cell.process_clock import process_started_at
+from kvsweep.cell.template import NO_RESULT
 
 RUNNER_MODULE = "kvsweep.cell.run"
 TEMPLATE_PREFIX = "kvsweep-template-"
@@ -132,8 +133,8 @@ class CellActor:
             host_oom = kills_before is not None and kills_after is not None and kills_after > kills_before
             raise CellProcessDied(reply["exitcode"], host_oom)
         result = reply["result"]
-        if "unreadable_request" in result:  # the forked process could not read the cell's request
-            raise RuntimeError(result["unreadable_request"])
+        if NO_RESULT in result:  # the forked process had no result to send (its request unreadable...): why
+            raise RuntimeError(result[NO_RESULT])
         result["environment"]["template"] = reply["template"]
         self.timeline.update(result["environment"]["forked"].pop("timeline"))
         return result

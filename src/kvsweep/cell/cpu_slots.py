@@ -10,14 +10,17 @@ slot: it computes on every core it may use, one cell at a time, and meters them 
 
 A slot goes back when its cell's process has ended (the template's `measure` gives it back whatever
 happened); a slot whose owner process is gone (an actor killed between asking and forking) is taken
-back at the next request. Plain bookkeeping over the node's cores, tested without Ray: where the cores
-sit (NUMA node, physical core) is read from /sys apart from it.
+back at the next request, unless its cell's process is still running: that one outlives a killed
+actor by the time it takes to notice and to tear CUDA down, and its cores stay its own meanwhile.
+Plain bookkeeping over the node's cores, tested without Ray: where the cores sit (NUMA node, physical
+core) is read from /sys apart from it.
 """
 
+import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -86,6 +89,7 @@ class CpuSlots:
         self.places = sorted(places)
         self.alive = alive
         self._held: dict[int, tuple[int, frozenset[int]]] = {}  # slot -> (owner pid, its cpus)
+        self._measuring: set[int] = set()  # slots whose cell's process runs now
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -93,7 +97,7 @@ class CpuSlots:
         """`wanted` cores no other slot holds, or no slot (and why) when that many are not free."""
         with self._lock:
             for slot, (owner, _) in list(self._held.items()):
-                if not self.alive(owner):
+                if slot not in self._measuring and not self.alive(owner):
                     del self._held[slot]
             held = {cpu for _, cpus in self._held.values() for cpu in cpus}
             free = [p for p in self.places if p.cpu not in held]
@@ -105,9 +109,21 @@ class CpuSlots:
             self._held[slot] = (owner_pid, frozenset(p.cpu for p in chosen))
             return CpuGrant(tuple(sorted(p.cpu for p in chosen)), SLOT, slot)
 
+    @contextlib.contextmanager
+    def in_measure(self, slot: int) -> Iterator[None]:
+        """While the block runs, a process is running on `slot`'s cores: they stay lent even if the slot's
+        owner dies meanwhile. The slot goes back when the block ends, however it ends."""
+        with self._lock:
+            self._measuring.add(slot)
+        try:
+            yield
+        finally:
+            self.release(slot)
+
     def release(self, slot: int) -> None:
         with self._lock:
             self._held.pop(slot, None)
+            self._measuring.discard(slot)
 
     def held(self) -> dict[int, tuple[int, ...]]:
         """Each held slot's cpus (what the template is lending now)."""

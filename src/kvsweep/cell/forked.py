@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
 from kvsweep.cell.gate import GatedRun  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
 from kvsweep.cell.run import MAX_ERROR_CHARS, record_failure  # noqa: E402
+from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
 from kvsweep.grid import Cell, MeasureProtocol, cell_id  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402
 from kvsweep.results import ERROR, CellResult  # noqa: E402
@@ -63,24 +63,34 @@ def cuda_state() -> dict[str, bool]:
     return {"cuda_initialized": torch.cuda.is_initialized(), "libcuda_mapped": "libcuda.so" in maps}
 
 
-# The template's shortcut (`cell/template.py`): `torch.cuda.is_available()` then counts devices with
-# NVML instead of starting CUDA. A cell must not keep it: a GPU NVML counts may still be one CUDA
-# cannot start (a driver older than the torch build), and the cell would go on to fail somewhere
-# less clear. torch reads it at each call (`torch.cuda._nvml_based_avail`), so dropping it suffices.
-NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
-
-
+# The template's shortcut (`NVML_CHECK`): `torch.cuda.is_available()` then counts devices with NVML
+# instead of starting CUDA. A cell must not keep it: a GPU NVML counts may still be one CUDA cannot
+# start (a driver older than the torch build), and the cell would go on to fail somewhere less clear.
+# torch reads it at each call (`torch.cuda._nvml_based_avail`), so dropping it suffices.
 def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
     os.environ.pop(NVML_CHECK, None)  # first: before anything here can ask torch about CUDA
-    started_at = time.time()
+    try:
+        answer(conn, payload)
+    except BaseException as exc:  # not even the error result could be built or sent: say why, minimally
+        with contextlib.suppress(BaseException):
+            conn.send(no_result("the cell's result could not be built or sent", exc))
+    # Done: leave now, without multiprocessing's exit work (finalizers, joining threads torch started),
+    # so the cell's memory is free before the next cell starts.
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)
+
+
+def answer(conn: Any, payload: bytes | dict[str, Any]) -> None:
+    """Read the request, run the cell (or the template's probe) and send what came of it."""
+    timeline = {"imported_at": time.time()}  # nothing to import: the template did
     request: dict[str, Any] = {}
-    timeline = {"imported_at": started_at}  # nothing to import: the template did
     try:
         request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
         if request.get("probe"):
             preloaded = process_started_at() > PRELOADED_AT  # imported before this process was forked
             conn.send({**cuda_state(), "forkserver_pid": os.getppid(), "preloaded": preloaded})
-            conn.close()
             return
         take_on_machine_view(request["env"], request.get("cpus"))
         watch_owner(request["owner_pid"])
@@ -89,11 +99,6 @@ def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
     except BaseException as exc:  # anything at all: the actor must hear why, not just an exit code
         result = failed_result(request, exc)
     send_result(conn, result, request, timeline)
-    # Done: leave now, without multiprocessing's exit work (finalizers, joining threads torch started),
-    # so the cell's memory is free before the next cell starts.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def send_result(conn: Any, result: dict[str, Any], request: dict[str, Any], timeline: dict[str, float]) -> None:
@@ -106,7 +111,7 @@ def send_result(conn: Any, result: dict[str, Any], request: dict[str, Any], time
 
 
 def _stamped(result: dict[str, Any], timeline: dict[str, float]) -> dict[str, Any]:
-    if "environment" in result:  # not in an unreadable request's answer
+    if "environment" in result:  # not in a `no_result` answer
         result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
     return result
 
@@ -114,17 +119,33 @@ def _stamped(result: dict[str, Any], timeline: dict[str, float]) -> dict[str, An
 def failed_result(request: dict[str, Any], exc: BaseException) -> dict[str, Any]:
     """The cell's `error` result for an exception outside `run_cell` (its message and traceback).
 
-    When not even the cell can be read from the request, there is no result to build: the answer is
-    `{"unreadable_request": message, "traceback": ...}`, which the actor reports as the cell's error.
+    Nothing here touches torch: after a sticky CUDA error every CUDA call raises again, and this is
+    what reports it. When not even the cell can be read from the request, there is no result to
+    build: the answer is `no_result`'s, which the actor reports as the cell's error.
     """
     try:
         cell, protocol = Cell(**request["cell"]), MeasureProtocol(**request["protocol"])
     except Exception:
-        message = f"the cell's request could not be read: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-        return {"unreadable_request": message, "traceback": "".join(traceback.format_exception(exc))[-8000:]}
+        return no_result("the cell's request could not be read", exc)
     result = CellResult(cell_id(cell, protocol), cell, ERROR)
-    record_failure(result, ERROR, exc)
+    record_failure(result, ERROR, exc, release_device_memory=lambda: None)  # the process ends next anyway
     return result.to_dict()
+
+
+def no_result(why: str, exc: BaseException) -> dict[str, str]:
+    """The answer that stands in for a result (`{NO_RESULT: message}`), built by steps that cannot fail;
+    when `exc` was raised while reporting another exception (the cell's own), that one is named too."""
+    text = _described(exc)
+    if exc.__context__ is not None:
+        text += f" (while reporting {_described(exc.__context__)})"
+    return {NO_RESULT: f"{why}: {text}"[:MAX_ERROR_CHARS]}
+
+
+def _described(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except BaseException:  # an exception whose message itself raises
+        return f"{type(exc).__name__} (its message could not be read)"
 
 
 def take_on_machine_view(env: dict[str, str | None], cpus: list[int] | None) -> None:

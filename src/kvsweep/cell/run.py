@@ -4,6 +4,7 @@ Returns a plain `CellResult`; never touches MLflow. Statistics come from `measur
 from `generate_session.py`, the checks of what ran from `checks.py`.
 """
 
+import contextlib
 import os
 import time
 import traceback
@@ -97,16 +98,30 @@ def sampling_rules(protocol: MeasureProtocol, niceness: int) -> SamplingRules:
     )
 
 
-def record_failure(result: CellResult, status: str, exc: BaseException) -> None:
-    """The cell failed: its status, the exception's message and traceback; CUDA's cached memory freed.
+def release_cuda_cache() -> None:
+    """CUDA's cached memory back to the driver, only once CUDA has started: asking `is_available` would
+    start it, and it may be what failed."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
-    Only when CUDA has started: asking `is_available` would start it, and it may be what failed.
+
+def record_failure(
+    result: CellResult,
+    status: str,
+    exc: BaseException,
+    release_device_memory: Callable[[], None] = release_cuda_cache,
+) -> None:
+    """The cell failed: its status, the exception's message and traceback; then its device memory freed.
+
+    After a sticky CUDA error (an illegal memory access, a device-side assert) every CUDA call raises it
+    again, `empty_cache` included: the failure is written first, and a release that fails is ignored,
+    so the cell still ends as its own error rather than as whatever the release raised.
     """
     result.status = status
     result.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     result.traceback = "".join(traceback.format_exception(exc))[-8000:]
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    with contextlib.suppress(Exception):
+        release_device_memory()
 
 
 def _measure(

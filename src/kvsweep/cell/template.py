@@ -28,6 +28,10 @@ from kvsweep.cell.cpu_slots import CpuGrant, CpuSlots, read_places
 
 FORKED_MODULE = "kvsweep.cell.forked"
 POLL_S = 0.2
+# The key of the answer a forked process sends in place of a result it could not build or send (an
+# unreadable request, an exception whose error result itself failed): the message saying why.
+NO_RESULT = "no_result"
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's switch: device checks by NVML, no CUDA started
 
 
 class TemplateError(RuntimeError):
@@ -40,7 +44,10 @@ class CellTemplate:
     def __init__(self) -> None:
         # torch.cuda.is_available() then asks NVML instead of initialising the CUDA driver (cuInit):
         # the forkserver and every process forked from it stay free to initialise CUDA themselves.
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        # Kept in this process (the template's own Ray actor) for its whole life: multiprocessing starts
+        # a new forkserver with this process's environment if the first one dies, and `_fork` imports
+        # the cell code here too. Each cell's process drops it first thing (`cell/forked.py`).
+        os.environ[NVML_CHECK] = "1"
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload([FORKED_MODULE])
         self.started_at = time.time()
@@ -53,6 +60,8 @@ class CellTemplate:
         state = reply.get("result")
         if state is None:
             raise TemplateError(f"the template's first process died (exit code {reply['exitcode']})")
+        if NO_RESULT in state:  # it could not even check: why not
+            raise TemplateError(f"the template's first process failed: {state[NO_RESULT]}")
         if not state["preloaded"]:  # multiprocessing ignores a preload import that failed
             raise TemplateError(f"the template did not preload {FORKED_MODULE}; its processes would import it")
         if state["cuda_initialized"] or state["libcuda_mapped"]:
@@ -76,11 +85,10 @@ class CellTemplate:
 
     def measure(self, request: bytes, slot: int = 0) -> dict[str, Any]:
         """Fork a fresh process for one cell (its request cloudpickled); returns its result, or how it
-        died (`exitcode`). The process dies with the cell's actor, so this returns and `slot` goes back."""
-        try:
+        died (`exitcode`). The process dies with the cell's actor, so this returns; `slot` is lent to
+        that process alone until it has ended (its actor may be gone well before), then goes back."""
+        with self.cpu_slots.in_measure(slot):
             reply = self._fork(request)
-        finally:
-            self.cpu_slots.release(slot)
         reply["template"] = self.identity()
         return reply
 

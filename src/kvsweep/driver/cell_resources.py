@@ -17,23 +17,31 @@ def spares_wanted(prestart: int, needs: CellNeeds) -> int:
 
 
 GPU_CELL_MAX_CPUS = 8
+NODE_CPUS_KEPT = 1  # per node, for Ray's daemons (raylet, GCS), the driver, MLflow and the template
 
 
 def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
     """`ray.cpus_per_cell=0` (auto): the CPUs Ray reserves for one cell, so its threads can follow them.
 
     A CPU cell: 1, as always (it computes on every core it may use and cells run one at a time; see
-    `cell/threads.py`). A GPU cell: its share of a node's CPUs, the node's CPUs per GPU times the GPUs
-    it holds, so that the node's concurrent cells together use its cores once, not once each; taken on
-    the node that offers the fewest (every node can then fill all its GPUs), at most
-    `GPU_CELL_MAX_CPUS` (a GPU cell's CPU work is mostly one thread launching kernels), at least 1.
+    `cell/threads.py`). A GPU cell: its share of a node's CPUs less `NODE_CPUS_KEPT`, (CPUs - 1) x the
+    GPUs it holds // the node's GPUs, so that the node's concurrent cells together use its cores once,
+    not once each, and leave one core to the processes every node runs besides its cells (each CUDA
+    cell is pinned to cores of its own, `cell/cpu_slots.py`: were all cores lent, those processes would
+    run on some cell's cores and that cell would read them as contention). 16 CPUs and 8 GPUs: 1 each,
+    8 cores lent. Taken on the node that offers the fewest (every node can then fill all its GPUs), at
+    most `GPU_CELL_MAX_CPUS` (a GPU cell's CPU work is mostly one thread launching kernels), at least 1.
     Nodes that cannot hold a cell (too few GPUs, another accelerator type, a custom resource missing)
     do not count.
     """
     if needs.gpus <= 0:
         return 1
     wanted = {k: v for k, v in needs.as_resources().items() if k != "CPU"}
-    shares = [int(node.get("CPU", 0.0) * needs.gpus // node["GPU"]) for node in nodes if can_hold(node, wanted)]
+    shares = [
+        int(max(0.0, node.get("CPU", 0.0) - NODE_CPUS_KEPT) * needs.gpus // node["GPU"])
+        for node in nodes
+        if can_hold(node, wanted)
+    ]
     return max(1, min(GPU_CELL_MAX_CPUS, min((s for s in shares if s >= 1), default=1)))
 
 

@@ -66,13 +66,20 @@ def environ_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[s
 
 def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
     """Keeps one core busy for `testing.sleep_s`, as a GPU cell's kernel-launching thread does, while it
-    meters the CPUs it may run on; tags the result with the host verdict a measured cell would get."""
+    meters the CPUs it may run on; tags the result with the host verdict a measured cell would get.
+
+    `testing.start_at` (wall-clock seconds) opens the metered window then, not at once: concurrent cells
+    then meter the same interval, with each one's start-up (fork, pinning, imports) over before it.
+    `environment.metered_at` says when the window opened.
+    """
     from kvsweep.measure.contention import HostMeter
     from kvsweep.measure.verdict import HostEvidence
     from kvsweep.names import ResultTag
 
     the_cell, the_protocol = Cell(**cell), MeasureProtocol(**protocol)
     meter = HostMeter()
+    time.sleep(max(0.0, float(testing.get("start_at", 0.0)) - time.time()))
+    metered_at = time.time()
     meter.start()
     end = time.monotonic() + float(testing.get("sleep_s", 0.0))
     while time.monotonic() < end:
@@ -82,5 +89,5 @@ def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str,
     shares = reading.to_dict() if reading is not None else {}
     result = CellResult(cell_id(the_cell, the_protocol), the_cell, OK, metrics={Metric.E2E_MS: 1.0, **shares})
     result.tags.update({ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention})
-    result.environment["metered_cpus"] = ",".join(map(str, meter.cpus))
+    result.environment.update(metered_cpus=",".join(map(str, meter.cpus)), metered_at=metered_at)
     return result.to_dict()
