@@ -39,7 +39,7 @@ def test_prestart_off_starts_every_actor_on_demand(run_sweep):
     assert all("prepare_at" not in t for t in timelines(run.run_dir))
 
 
-# Runs in its own process: a local Ray with 4 CPUs and 2 logical GPUs (this session's Ray has none).
+# Runs in its own process: a local Ray with 5 CPUs and 2 logical GPUs (this session's Ray has none).
 # Two cells one at a time (max_concurrent=1, prestart=1, ray.cpus_per_cell auto), as GPU cells and
 # as CPU cells; 1.5 s into each cell, the GPUs and CPUs Ray had free, as a cluster's other users see
 # them. Then one GPU cell reports the threads its process got.
@@ -50,7 +50,7 @@ from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 
-ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+ray.init(address="local", num_cpus=5, num_gpus=2, include_dashboard=False, log_to_driver=False,
          object_store_memory=80 * 1024 * 1024, logging_level="ERROR")
 
 def sweep(device, gpus, testing, cells=2):
@@ -94,10 +94,11 @@ def test_gpu_cells_hold_only_the_gpus_they_measure_on_while_cpu_cells_keep_their
     for run in seen.values():
         assert run["statuses"] == ["ok"] * len(run["statuses"]), run
     # One GPU cell at a time on two GPUs: the other GPU stays free for others (a spare would hold it),
-    # and the running cell holds its auto CPUs, 4 CPUs / 2 GPUs = 2, no more.
-    assert seen["gpu"]["free"] == [{"GPU": 1.0, "CPU": 2.0}] * 2
+    # and the running cell holds its auto CPUs: one of the node's 5 kept for Ray and the driver, then
+    # (5 - 1) // 2 GPUs = 2, no more; 5 - 2 = 3 stay free.
+    assert seen["gpu"]["free"] == [{"GPU": 1.0, "CPU": 3.0}] * 2
     # CPU cells keep their spare: while the first runs (1 CPU), the spare for the second holds another.
-    assert seen["cpu"]["free"][0] == {"GPU": 2.0, "CPU": 4.0 - 1 - 1}
+    assert seen["cpu"]["free"][0] == {"GPU": 2.0, "CPU": 5.0 - 1 - 1}
     # Ray gives the GPU cell's process as many threads as it reserved CPUs for it.
     (found,) = seen["threads"]["found"]
     assert found["omp_num_threads"] == "2" and found["threads"] == 2

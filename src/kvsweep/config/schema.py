@@ -104,7 +104,7 @@ class RayConfig:
     gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA", AT_LEAST_1)
     cpus_per_cell: int = _help(
         0,
-        "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA the node's CPUs per GPU x gpus_per_cell (max 8)",
+        "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA (node CPUs - 1) x gpus_per_cell // node GPUs, 1-8",
         AT_LEAST_0,
     )
     max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)", AT_LEAST_0)
