@@ -26,43 +26,28 @@ CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here ag
 (`driver/cell_resources.py`), and each cell is told the result so that its torch threads match it
 (`cell/threads.py`).
 
-Placement: every cell's timeout counts from when Ray has placed its actor and the actor is up (its
-`ready()` has answered), not while it waits for resources. An actor Ray has not placed is given up
-as `timeout` (retried like any) once `cell_timeout_s` passes in which no cell of this sweep was
-placed or ended: each of ours is killed at its own timeout, so any placed before that window would
-have ended by then; what it waits for is held by another job, or the node that had it left.
-
-Host memory: a job with predicted pinned host memory (an offloaded cache, `Job.host_memory_bytes`)
-has its actor reserve that much of Ray's `memory` resource (`cell_resources.memory_ask`), so a node
-runs at once only the offloaded cells whose pinned blocks fit it; the next waits for Ray to place it.
-One such job waits at a time (the queue's other memory jobs keep their order behind it). It holds one
-of `max_concurrent`'s places for `placing_grace_s` (an actor whose resources are free is up by then),
-and again for as long after each cell of this sweep ends (what it waits for may be free now); else
-it holds nothing, and the queue's next jobs that ask no memory run in its place, so no GPU idles
-behind it. GPU cells never outnumber the GPUs: each actor asks Ray for its GPUs. If memory is freed by
-something other than a cell of this sweep ending, the waiting cell may run beside `max_concurrent`
-others: one more cell than that, and only while GPUs are free for it.
+Placement (`driver/placement.py`): a cell's timeout counts once Ray has placed its actor; an actor
+Ray leaves unplaced is given up as `timeout`; offloaded cells reserve their pinned host memory from
+Ray, and one waiting for it lends its place to cells that ask none.
 """
 
 import contextlib
-import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
 from kvsweep.driver.cell_resources import memory_ask, spares_wanted, with_cpus_resolved
+from kvsweep.driver.placement import Job, Placement, Running
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.templates import Templates
 from kvsweep.errors import first_line
-from kvsweep.grid import Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
-from kvsweep.units import GB
 
 POLL_S = 0.5
 
@@ -74,38 +59,7 @@ class Limits:
     cell_timeout_s: float
     max_retries: int
     prestart: int = 0  # spare actors prepared ahead of need (CPU cells only; see the module docstring)
-    placing_grace_s: float = 10.0  # a memory job unplaced this long waits for memory (see the module docstring)
-
-
-@dataclass
-class Job:
-    cell_id: str
-    cell: Cell
-    attempt: int = 1
-    host_memory_bytes: int = 0  # pinned host memory the plan predicts (offloaded caches): reserved from Ray
-
-
-@dataclass
-class _Running:
-    job: Job
-    actor: Any
-    placing: Any  # ObjectRef of the actor's `ready()` until Ray has placed it and it is up; then None
-    memory_ask: int = 0  # bytes of Ray's `memory` resource its actor reserves
-    created: float = field(default_factory=time.monotonic)
-    placed_at: float | None = None
-    told_waiting: bool = False
-
-    @property
-    def since(self) -> float:
-        """When its clock started: once placed, then; before, when its actor was made."""
-        return self.created if self.placed_at is None else self.placed_at
-
-    def note_placed(self, now: float) -> None:
-        self.placing, self.placed_at = None, now
-
-    def timed_out(self, now: float, timeout_s: float) -> bool:
-        """Placed, and past its timeout since (an actor waiting for resources is not running)."""
-        return self.placed_at is not None and now - self.placed_at > timeout_s
+    placing_grace_s: float = 10.0  # a memory job unplaced this long lends its place (`driver/placement.py`)
 
 
 @dataclass(frozen=True)
@@ -141,9 +95,8 @@ class CellScheduler:
         self.limits = replace(limits, needs=self.needs)
         self.testing = testing or {}
         self.options = {**(options or {}), "cpus_per_cell": self.needs.cpus}
-        self.running: dict[Any, _Running] = {}
-        self.ended_at = -math.inf  # when a cell of this sweep last ended (freeing what it held)
-        self.changed_at = -math.inf  # when a cell of this sweep last was placed or ended
+        self.running: dict[Any, Running] = {}
+        self.placement = Placement(limits.cell_timeout_s, limits.placing_grace_s)
         self.spares: deque[_Spare] = deque()
         self.prestart = spares_wanted(limits.prestart, self.needs)
         self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **self.needs.actor_options())(CellActor)
@@ -175,7 +128,7 @@ class CellScheduler:
                     continue
                 ready, _ = ray.wait(list(self.running), num_returns=1, timeout=POLL_S)
                 now = time.monotonic()
-                self._note_placements(now)
+                self.placement.look(self.running.values(), now)
                 finished = [(ref, _collect(ref, self.running[ref])) for ref in ready]
                 finished += self._overdue(now, ready)
                 results = []
@@ -196,7 +149,7 @@ class CellScheduler:
             self._drop_spares()
 
     def _overdue(self, now: float, ready: list[Any]) -> list[tuple[Any, CellResult]]:
-        """Cells past their timeout, then actors Ray has left unplaced past theirs (see the module docstring)."""
+        """Cells past their timeout, then actors Ray has left unplaced past theirs (`driver/placement.py`)."""
         timeout_s = self.limits.cell_timeout_s
         late = [
             (ref, _driver_result(entry, TIMEOUT, f"no result after {timeout_s:g} s; actor killed"))
@@ -204,53 +157,25 @@ class CellScheduler:
             if ref not in ready and entry.timed_out(now, timeout_s)
         ]
         if ready or late:
-            self.ended_at = self.changed_at = now  # what they held is freed now: the unplaced ones' wait starts again
+            self.placement.cells_ended(now)
+        resources = self.needs.as_resources()
         unplaced = [
-            (ref, _driver_result(entry, TIMEOUT, self._unplaced_message(entry, now)))
+            (ref, _driver_result(entry, TIMEOUT, self.placement.given_up_message(entry, now, resources)))
             for ref, entry in self.running.items()
-            if ref not in ready and entry.placing is not None and now - max(entry.created, self.changed_at) > timeout_s
+            if ref not in ready and self.placement.given_up(entry, now)
         ]
         return late + unplaced
-
-    def _unplaced_message(self, entry: _Running, now: float) -> str:
-        waited = f"waited {now - entry.created:.0f} s"
-        if entry.memory_ask:
-            wanted, holder = f"{entry.memory_ask / GB:.1f} GB of Ray memory on a node", "that memory"
-        else:
-            resources = ", ".join(f"{v:g} {k}" for k, v in self.needs.as_resources().items())
-            wanted, holder = f"Ray to place its actor ({resources})", "them"
-        return (
-            f"{waited} for {wanted}; none freed: no cell of this sweep started or ended in "
-            f"{self.limits.cell_timeout_s:g} s (ray.cell_timeout_s), so another job holds {holder} or the node "
-            "that had it left; actor killed"
-        )
-
-    def _note_placements(self, now: float) -> None:
-        """Start the clock of every cell whose actor Ray has placed and that is up since the last look."""
-        placing = {entry.placing: entry for entry in self.running.values() if entry.placing is not None}
-        if placing:
-            placed, _ = ray.wait(list(placing), num_returns=len(placing), timeout=0)
-            for ref in placed:
-                placing[ref].note_placed(now)
-            if placed:
-                self.changed_at = now  # what they hold, they hold for their timeout at most
-
-    def _holds_a_place(self, entry: _Running, now: float) -> bool:
-        """Whether a cell counts against `max_concurrent`: all but a memory job Ray has kept unplaced past
-        `placing_grace_s` since it was made or a cell of this sweep last ended (it holds nothing yet)."""
-        if entry.placing is None or not entry.memory_ask:
-            return True
-        return now - max(entry.created, self.ended_at) <= self.limits.placing_grace_s
 
     def _start_next(self, waiting: deque[Job], hooks: _Hooks) -> None:
         """Fill free places, then tell MLflow: a free place never waits on the driver's writes."""
         now = time.monotonic()
-        self._note_placements(now)
-        self._tell_waiting(now, hooks.on_wait)
-        taken = sum(self._holds_a_place(entry, now) for entry in self.running.values())
+        self.placement.look(self.running.values(), now)
+        for job, line in self.placement.newly_waiting(self.running.values(), now):
+            hooks.on_wait(job, line)
+        taken = sum(self.placement.holds_a_place(entry, now) for entry in self.running.values())
         started: list[Job] = []
         while taken < self.limits.max_concurrent:
-            job = self._next_job(waiting)
+            job = self.placement.next_job(waiting, self.running.values(), self._memory_ask)
             if job is None:
                 break
             answered = hooks.admit(job)
@@ -260,38 +185,15 @@ class CellScheduler:
             ask = self._memory_ask(job)
             actor, placing = self._actor(memory=ask)
             ref = actor.run.remote(job.cell.to_dict(), self.protocol, self.testing, self.options, self.forked)
-            self.running[ref] = _Running(job, actor, placing, ask)
+            self.running[ref] = Running(job, actor, placing, ask)
             taken += 1
             started.append(job)
         self._prestart(len(waiting))
         for job in started:
             hooks.on_start(job)
 
-    def _next_job(self, waiting: deque[Job]) -> Job | None:
-        """The queue's first job, taken out of it; while a memory job waits for Ray, the first that asks no
-        memory (one memory job waits at a time: the others keep their order behind it)."""
-        memory_waiting = any(entry.placing is not None and entry.memory_ask for entry in self.running.values())
-        for index, job in enumerate(waiting):
-            if not memory_waiting or not self._memory_ask(job):
-                del waiting[index]
-                return job
-        return None
-
     def _memory_ask(self, job: Job) -> int:
         return memory_ask(job.host_memory_bytes, self.needs, self.nodes)
-
-    def _tell_waiting(self, now: float, on_wait: Callable[[Job, str], None]) -> None:
-        """Once per attempt, say which memory job Ray keeps waiting while other cells take its place."""
-        for entry in self.running.values():
-            if entry.told_waiting or entry.placing is None or self._holds_a_place(entry, now):
-                continue
-            entry.told_waiting = True
-            on_wait(
-                entry.job,
-                f"{entry.job.cell.label}: waits for {entry.memory_ask / GB:.1f} GB of Ray memory on a node "
-                "(its offloaded cache's pinned blocks); cells that ask none run meanwhile; given up after "
-                f"{self.limits.cell_timeout_s:g} s (ray.cell_timeout_s) in which no cell of this sweep starts or ends",
-            )
 
     def _actor(self, memory: int = 0) -> tuple[Any, Any]:
         """An actor for the next cell and the ObjectRef of its `ready()` (asked before `run`: an actor runs
@@ -334,7 +236,7 @@ class CellScheduler:
         return jobs
 
 
-def _collect(ref: Any, entry: _Running) -> CellResult:
+def _collect(ref: Any, entry: Running) -> CellResult:
     try:
         data = ray.get(ref)
     except ray.exceptions.OutOfMemoryError as exc:
@@ -356,7 +258,7 @@ def _collect(ref: Any, entry: _Running) -> CellResult:
     return result
 
 
-def _driver_result(entry: _Running, status: str, message: str) -> CellResult:
+def _driver_result(entry: Running, status: str, message: str) -> CellResult:
     return CellResult(
         entry.job.cell_id,
         entry.job.cell,
