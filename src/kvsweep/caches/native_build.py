@@ -8,7 +8,6 @@ kvsweep plans such cells as skipped when the build cannot happen, and otherwise 
 node before any cell is timed.
 """
 
-import ast
 import importlib
 import importlib.util
 import os
@@ -16,6 +15,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvsweep.package_source import assigned_value, package_file
 
 
 @dataclass(frozen=True)
@@ -53,24 +54,10 @@ def installed_torch_version(torch_dir: Path | None = None) -> str | None:
     local tag cannot simply be dropped, since quanto rebuilds a `+cpu` build for a `+cu126` torch.
     `torch_dir`: the torch package folder (the installed one when None); None when unreadable.
     """
-    if torch_dir is None:
-        spec = importlib.util.find_spec("torch")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        torch_dir = Path(next(iter(spec.submodule_search_locations)))
-    try:
-        module = ast.parse((torch_dir / "version.py").read_text())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for statement in module.body:
-        if (
-            isinstance(statement, ast.Assign)
-            and [getattr(target, "id", None) for target in statement.targets] == ["__version__"]
-            and isinstance(statement.value, ast.Constant)
-            and isinstance(statement.value.value, str)
-        ):
-            return statement.value.value
-    return None
+    version = assigned_value(
+        torch_dir / "version.py" if torch_dir else package_file("torch", "version.py"), "__version__"
+    )
+    return version if isinstance(version, str) else None
 
 
 @dataclass(frozen=True)

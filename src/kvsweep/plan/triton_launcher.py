@@ -19,8 +19,6 @@ made on the driver does not judge it. (A compiled CPU cell compiles C++ with Ind
 search, and is not judged here.)
 """
 
-import ast
-import importlib.util
 import os
 import re
 import shutil
@@ -30,6 +28,8 @@ import sysconfig
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvsweep.package_source import assigned_value, package_file
 
 LAUNCHER_REASON_PREFIX = "compiled CUDA cells run Triton kernels"  # every reason `launcher_problem` gives starts so
 LDCONFIG = "/sbin/ldconfig"  # the path Triton runs, not a PATH search
@@ -82,21 +82,10 @@ def triton_libcuda_name(driver_py: Path | None = None) -> str:
 
     `driver_py`: that module's file (the installed Triton's when None).
     """
-    if driver_py is None:
-        spec = importlib.util.find_spec("triton")
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        driver_py = Path(folders[0], "backends", "nvidia", "driver.py") if folders else None
-    try:
-        module = ast.parse(driver_py.read_text()) if driver_py else None
-    except (OSError, SyntaxError, ValueError):
-        module = None
-    for statement in module.body if module else []:
-        if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) == "libraries" for t in statement.targets):
-            names = statement.value.elts if isinstance(statement.value, ast.List | ast.Tuple) else []
-            for name in names:
-                if isinstance(name, ast.Constant) and isinstance(name.value, str) and "cuda" in name.value:
-                    return name.value
-    return LIBCUDA_SONAME
+    path = driver_py or package_file("triton", "backends", "nvidia", "driver.py")
+    libraries = assigned_value(path, "libraries")
+    names = libraries if isinstance(libraries, list | tuple) else []
+    return next((name for name in names if isinstance(name, str) and "cuda" in name), LIBCUDA_SONAME)
 
 
 def linked_file(library: str) -> str:
