@@ -12,7 +12,8 @@ import torch
 
 from kvsweep.caches import get_strategy
 from kvsweep.cell.checks import CudaGraphsSkipped, check_cudagraphs_used
-from kvsweep.cell.generate_session import GenerateSession, make_inputs
+from kvsweep.cell.feed import random_ids
+from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.run import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.compile_events import cudagraph_skips
@@ -78,7 +79,7 @@ def test_the_kept_static_cache_is_emptied_inside_the_timed_region():
     compiled cell's one kept cache must be zero-filled there too, so both TTFTs include the fill."""
     cell = Cell("tiny-llama", "float32", 16, 1, 4, "static", True)
     model = build_model(classify(cell.model), cell.dtype, "cpu", seed=0)
-    inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, 0, "cpu")
+    inputs = random_ids(model.config.vocab_size, cell.batch_size, cell.context_length, 0)
     watcher = CacheWatcher()
     session = GenerateSession(model, inputs, cell, "cpu", None, device_memory=watcher)
     watcher.session = session

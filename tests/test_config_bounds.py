@@ -31,6 +31,8 @@ RANGES = {
     "measure.max_discarded": (["-1"], "0"),
     "measure.target_rel_ci": (["-0.01"], "0"),
     "measure.max_duration_s": (["-1"], "0"),
+    "measure.quality_trials": (["-1"], "0"),
+    "inputs.depths": (["[-0.1]", "[1.5]"], "[1]"),
     "ray.gpus_per_cell": (["0"], "1"),
     "ray.cpus_per_cell": (["-1"], "0"),
     "ray.max_concurrent": (["-1"], "0"),
@@ -43,6 +45,8 @@ RANGES = {
     "planner.host_link_gbps": (["0", "-25"], "0.001"),
     "report.max_slowdown": (["-0.1"], "0"),
     "report.min_token_agreement": (["-0.1", "1.1"], "1"),
+    "report.max_accuracy_drop": (["-0.1", "1.1"], "1"),
+    "report.max_kl": (["0", "-0.5"], "0.001"),
 }
 
 

@@ -17,7 +17,7 @@ from kvsweep.config.compose import compose_config
 from kvsweep.config.schema import MeasureConfig
 from kvsweep.grid import RULES_OFF, Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.measure.sampling import SamplingRules
-from kvsweep.plan.sweep_plan import protocol_of
+from kvsweep.plan.sweep_plan import inputs_spec, protocol_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "measure").glob("*.yaml"))
@@ -86,7 +86,7 @@ IDS_BEFORE = {
 def test_cell_ids_of_the_bundled_sweeps_are_unchanged(sweep):
     cfg = compose_config([f"+sweep={sweep}"]).config
     first = expand_grid(dataclasses.asdict(cfg.grid))[0]
-    assert cell_id(first, protocol_of(cfg.measure, "cpu")) == IDS_BEFORE[sweep]
+    assert cell_id(first, protocol_of(cfg.measure, "cpu", inputs_spec(cfg))) == IDS_BEFORE[sweep]
 
 
 def test_an_exact_protocols_cell_id_is_the_one_from_before_its_rules_existed():
@@ -94,7 +94,8 @@ def test_an_exact_protocols_cell_id_is_the_one_from_before_its_rules_existed():
     their `RULES_OFF` values, so an exact protocol's id is still that hash, worked out here by hand."""
     cell = Cell("tiny-llama", "float32", 256, 1, 32, "dynamic", False)
     five = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
-    payload = json.dumps({"cell": dataclasses.asdict(cell), "protocol": five}, sort_keys=True)
+    seven = {k: v for k, v in dataclasses.asdict(cell).items() if k != "inputs"}  # a cell fed random ids
+    payload = json.dumps({"cell": seven, "protocol": five}, sort_keys=True)
     assert cell_id(cell, MeasureProtocol.exact(**five)) == hashlib.sha256(payload.encode()).hexdigest()[:16]
     guarded = dataclasses.replace(MeasureProtocol.exact(**five), max_host_contention=0.05)
     assert cell_id(cell, guarded) != cell_id(cell, MeasureProtocol.exact(**five))

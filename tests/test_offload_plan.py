@@ -5,6 +5,7 @@ Expectations are hand arithmetic on the published Llama-3.1-8B shape: 32 layers 
 values) are 8 x 128 x 2 = 2,048 bytes per token.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -13,6 +14,7 @@ import torch
 
 from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.inputs.spec import InputSpec
 from kvsweep.measure.contention import CallContention
 from kvsweep.measure.kv_bytes import cache_bytes
 from kvsweep.measure.sampling import SamplingRules, measure_phase
@@ -41,6 +43,7 @@ LONG_CONTEXT = MeasureProtocol(
     max_discarded=8,
     target_rel_ci=0.0,
     max_duration_s=60.0,
+    inputs=InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=0),
 )
 
 
@@ -49,7 +52,7 @@ def cell(cache: str, context: int, batch: int) -> Cell:
 
 
 def protocol(**changed: float) -> MeasureProtocol:
-    return MeasureProtocol(**{**LONG_CONTEXT.to_dict(), **changed})
+    return dataclasses.replace(LONG_CONTEXT, **changed)
 
 
 def test_every_decoded_token_moves_the_whole_cache_there_and_back():

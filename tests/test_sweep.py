@@ -14,7 +14,10 @@ from kvsweep import names
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
 
-CELL_PARAMS = {"model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "device"}
+CELL_PARAMS = {
+    *("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "device"),
+    *("inputs", "inputs_sha256"),
+}
 CELL_METRICS = {
     "ttft_ms",
     "ttft_ms_p90",
@@ -81,7 +84,7 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         assert samples["environment"]["torch_version"]
         assert samples["environment"]["niceness"] == 0  # normal priority; Ray's own default is nice 15
         # Everything logged is declared in the one vocabulary the report reads with (kvsweep.names).
-        assert set(run.data.metrics) <= set(names.CELL_METRICS), set(run.data.metrics) - set(names.CELL_METRICS)
+        assert all(names.is_cell_metric(m) for m in run.data.metrics), set(run.data.metrics) - set(names.CELL_METRICS)
         declared_tags = {*names.CARRIED_TAGS, *vars(names.RunTag).values()}
         logged_tags = {
             t for t in run.data.tags if not t.startswith((names.ENV_TAG_PREFIX, "mlflow.user", "mlflow.source"))

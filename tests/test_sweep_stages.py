@@ -4,6 +4,7 @@ stage has not run, instead of an AttributeError deep inside it. No Ray: nothing 
 import io
 
 import pytest
+from kvsweep.driver.inputs_choice import choose_inputs
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.sweep import StageNotRun, SweepRun
@@ -13,7 +14,8 @@ from kvsweep.testing.seams import Seams
 
 @pytest.fixture
 def sweep(tmp_path):
-    return SweepRun(KvSweepConfig(), "", tmp_path / "run", io.StringIO(), Seams())
+    cfg = KvSweepConfig()
+    return SweepRun(cfg, "", tmp_path / "run", io.StringIO(), Seams(), choose_inputs(cfg))
 
 
 @pytest.mark.parametrize(

@@ -32,13 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, fmt, markdown_table, median
 from kvsweep.cell.run import run_cell
-from kvsweep.config.schema import MeasureConfig
+from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.measure.contention import HostMeter
-from kvsweep.plan.sweep_plan import protocol_of
+from kvsweep.plan.sweep_plan import inputs_spec, protocol_of
 
 TITLE = "Contention: a small sweep beside a CPU burner, with and without the guard"
 DEFAULTS = MeasureConfig()
-BASE = protocol_of(DEFAULTS, "cpu").to_dict()  # the default preset's protocol (the schema's values)
+BASE = protocol_of(
+    DEFAULTS, "cpu", inputs_spec(KvSweepConfig())
+).to_dict()  # the default preset's protocol (the schema's values)
 GUARD_ON = {"max_host_contention": DEFAULTS.max_host_contention, "max_discarded": DEFAULTS.max_discarded}
 GUARD_OFF = {"max_host_contention": 1.0, "max_discarded": 0}
 BURST_ON_S, BURST_OFF_S = 2.0, 2.0

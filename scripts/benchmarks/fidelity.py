@@ -21,7 +21,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median, ratio
-from kvsweep.cell.run import make_inputs, run_cell
+from kvsweep.cell.feed import random_ids
+from kvsweep.cell.run import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.timing import TokenClock
 from kvsweep.models.build import build_model
@@ -129,7 +130,7 @@ def run(quick: bool) -> Section:
     torch.set_num_threads(threads)
     proto = protocol(warmup=1, repeats=repeats, dev=dev, threads=threads)  # run_cell sets the same thread count
     model = build_model(classify(MODEL), DTYPE, dev, SEED)  # same seeded weights run_cell builds for itself
-    inputs = make_inputs(model.config.vocab_size, BATCH, CONTEXT, SEED, dev)  # the runner's token ids
+    inputs = random_ids(model.config.vocab_size, BATCH, CONTEXT, SEED).to(dev)  # the runner's token ids
     rows, figures = [], {}
     for cache in CACHES:
         bare_call(model, inputs, cache, cuda)  # the bare side's cold call, outside the pairs

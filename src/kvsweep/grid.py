@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvsweep.caches import get_strategy
+from kvsweep.inputs.spec import RANDOM, InputSpec
 from kvsweep.model_names import short_name
 
-CELL_FIELDS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
+CELL_FIELDS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "inputs")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Cell:
     max_new_tokens: int
     cache: str
     compile: bool
+    inputs: str = RANDOM  # random | passkey | file:<name>: what the cell is fed (chosen per model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,11 +72,21 @@ class MeasureProtocol:
     max_discarded: int  # contended calls re-run per cell
     target_rel_ci: float  # keep measuring until each 95% interval is within +-this of its median; 0 = off
     max_duration_s: float  # time cap on the measured phase; 0 = none
+    inputs: InputSpec  # what text-fed cells are given (depths, template, trials, the prompts file)
 
     @classmethod
-    def exact(cls, warmup: int, repeats: int, seed: int, device: str, threads: int) -> "MeasureProtocol":
-        """Exactly `repeats` measured runs after `warmup`, every later rule off (`RULES_OFF`)."""
-        return cls(warmup=warmup, repeats=repeats, seed=seed, device=device, threads=threads, **RULES_OFF)
+    def exact(
+        cls, warmup: int, repeats: int, seed: int, device: str, threads: int, inputs: InputSpec | None = None
+    ) -> "MeasureProtocol":
+        """Exactly `repeats` measured runs after `warmup`, every later rule off (`RULES_OFF`); no task trials
+        unless `inputs` says otherwise."""
+        inputs = inputs or InputSpec(depths=(0.5,), chat_template=True, quality_trials=0)
+        fields = dict(warmup=warmup, repeats=repeats, seed=seed, device=device, threads=threads)
+        return cls(**fields, **RULES_OFF, inputs=inputs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MeasureProtocol":
+        return cls(**{**data, "inputs": InputSpec.from_dict(data["inputs"])})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,9 +95,16 @@ class MeasureProtocol:
     def repeat_cap(self) -> int:
         return max(self.repeats, self.max_repeats)
 
-    def identity(self) -> dict[str, Any]:
-        """What a cell id hashes: every field, less those at their `RULES_OFF` value (older ids stay valid)."""
-        return {k: v for k, v in asdict(self).items() if k not in RULES_OFF or v != RULES_OFF[k]}
+    def identity(self, cell_inputs: str = RANDOM) -> dict[str, Any]:
+        """What a cell id hashes: every field, less those at their `RULES_OFF` value (older ids stay valid).
+
+        The inputs' settings count only for a cell fed text (`cell_inputs` not random): a random-id cell
+        measures the same whatever they say, so its id is the one it had before inputs existed."""
+        fields = {k: v for k, v in asdict(self).items() if k != "inputs"}
+        identity = {k: v for k, v in fields.items() if k not in RULES_OFF or v != RULES_OFF[k]}
+        if cell_inputs != RANDOM:
+            identity["inputs"] = self.inputs.identity()
+        return identity
 
 
 def strategy_label(cell: Cell) -> str:
@@ -103,20 +122,27 @@ def cell_label(cell: Cell, model_name: str = "") -> str:
 
 
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
-    """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag)."""
-    payload = json.dumps({"cell": cell.to_dict(), "protocol": protocol.identity()}, sort_keys=True)
+    """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag).
+
+    A cell fed random ids hashes without its `inputs` field, as cells did before it existed."""
+    fields = cell.to_dict()
+    if cell.inputs == RANDOM:
+        del fields["inputs"]
+    payload = json.dumps({"cell": fields, "protocol": protocol.identity(cell.inputs)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def expand_grid(grid: dict[str, list[Any]]) -> list[Cell]:
+def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | None = None) -> list[Cell]:
     """All combinations, in the config's order: models, dtypes, batch sizes, context lengths, new
     tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
     reads like the sweep file). The sweep runs them in another order, smallest first
     (`driver/oom_inference.size_order`), so an OOM at a small size can spare the larger cells.
 
     compile=true only means something for strategies that preallocate (static ones); other
-    strategies get no compiled twin instead of a pointless skipped cell.
+    strategies get no compiled twin instead of a pointless skipped cell. `inputs_by_model`: what each
+    model is fed (`driver/inputs_choice.py`); a model it does not name gets random ids.
     """
+    fed = inputs_by_model or {}
     axes = [
         grid["models"],
         grid["dtypes"],
@@ -127,7 +153,7 @@ def expand_grid(grid: dict[str, list[Any]]) -> list[Cell]:
         grid["compile"],
     ]
     cells = [
-        Cell(model, dtype, ctx, batch, new, cache, bool(compiled))
+        Cell(model, dtype, ctx, batch, new, cache, bool(compiled), fed.get(model, RANDOM))
         for model, dtype, batch, ctx, new, cache, compiled in itertools.product(*axes)
         if not compiled or get_strategy(cache).compilable
     ]

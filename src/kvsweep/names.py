@@ -27,6 +27,8 @@ class ResultTag:
     LOW_AGREEMENT = "kvsweep.low_agreement"
     QUALITY = "kvsweep.quality"  # why quality was not measured
     HOST_PEAK = "kvsweep.host_peak"  # how the host peak was taken
+    QUALITY_LOSS = "kvsweep.quality_loss"  # true | false | undecided: task accuracy against dynamic's
+    INPUTS_REASON = "kvsweep.inputs_reason"  # why the cell got these inputs (auto's choice, a failed tokenizer)
 
 
 class RunTag:
@@ -89,10 +91,16 @@ class Metric:
     FIRST_DIVERGENCE = "first_divergence"
     KL_DIVERGENCE = "kl_divergence"
     KL_DIVERGENCE_MAX = "kl_divergence_max"
+    PASSKEY_ACCURACY = "passkey_accuracy"  # share of passkey prompts answered with their key
+    ANSWER_ACCURACY = "answer_accuracy"  # share of a prompts file's answers matched exactly
+    TASK_TRIALS = "task_trials"  # prompts answered behind the accuracy
+    QUALITY_CHECK_S = "quality_check_s"  # seconds the cell spent on its quality checks (task, agreement, KL)
     CELL_WALL_S = "cell_wall_s"
 
 
 TIMED = (Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS)  # medians that carry a 95% interval
+ACCURACIES = (Metric.PASSKEY_ACCURACY, Metric.ANSWER_ACCURACY)  # shares that carry an exact binomial interval
+PASSKEY_DEPTH_PREFIX = "passkey_accuracy_depth_"
 
 
 def ci_low(metric: str) -> str:
@@ -107,10 +115,24 @@ def with_interval(metric: str) -> tuple[str, str, str]:
     return metric, ci_low(metric), ci_high(metric)
 
 
+def passkey_depth_metric(depth: float) -> str:
+    """`passkey_accuracy_depth_50`: the accuracy of the needles hidden at this depth (in percent of the context)."""
+    return f"{PASSKEY_DEPTH_PREFIX}{round(depth * 100)}"
+
+
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")  # also logged as metrics, to plot against
-PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile")
-CELL_PARAMS = (*PARAM_KEYS, "device")
-CELL_METRICS = (*_values(Metric), *(f(m) for m in TIMED for f in (ci_low, ci_high)), *INT_PARAMS)
+PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "inputs")
+INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the cell hashes what it was fed)
+CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM)
+INTERVALS = (*TIMED, *ACCURACIES)
+CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci_high)), *INT_PARAMS)
+CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100
+
+
+def is_cell_metric(name: str) -> bool:
+    """A name a cell may log: one of `CELL_METRICS`, or a per-depth passkey accuracy."""
+    depth = name.removeprefix(PASSKEY_DEPTH_PREFIX)
+    return name in CELL_METRICS or (depth != name and depth.isdigit() and 0 <= int(depth) <= 100)
 
 
 def sweep_count_metric(status: str) -> str:

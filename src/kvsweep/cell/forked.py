@@ -124,7 +124,7 @@ def failed_result(request: dict[str, Any], exc: BaseException) -> dict[str, Any]
     build: the answer is `no_result`'s, which the actor reports as the cell's error.
     """
     try:
-        cell, protocol = Cell(**request["cell"]), MeasureProtocol(**request["protocol"])
+        cell, protocol = Cell(**request["cell"]), MeasureProtocol.from_dict(request["protocol"])
     except Exception:
         return no_result("the cell's request could not be read", exc)
     result = CellResult(cell_id(cell, protocol), cell, ERROR)

@@ -170,8 +170,22 @@ class GenerateSession:
         config = self.generation_config(strategy, own_cache=self.keeps_cache(strategy))
         return self._generate(strategy, config, processors).sequences[:, self.inputs.shape[1] :].cpu()
 
+    @torch.inference_mode()
+    def answer(self, strategy: CacheStrategy, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """An unmeasured greedy call on other prompts of the cell's shape (task trials); the new tokens.
 
-def make_inputs(vocab_size: int, batch: int, context: int, seed: int, device: str) -> torch.Tensor:
-    """Seeded random token ids, the same for every strategy of a (batch, context) pair."""
-    generator = torch.Generator().manual_seed(seed + 7919 * context + batch)
-    return torch.randint(0, vocab_size, (batch, context), generator=generator).to(device)
+        A compiled static cell answers into its kept cache when the answer fits the cell's request, so
+        its compiled graph is the one measured; a longer answer gets a cache sized to it."""
+        processors = LogitsProcessorList([InjectFault(self.quality_fault)] if self.quality_fault is not None else [])
+        kept = self.keeps_cache(strategy) and new_tokens <= self.cell.max_new_tokens
+        config = self.generation_config(strategy, own_cache=kept)
+        config.max_new_tokens = new_tokens
+        ids = ids.to(self.inputs.device)
+        out = self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            logits_processor=processors,
+            generation_config=config,
+            **(self.cache_for(strategy) if kept else {}),
+        )
+        return out.sequences[:, ids.shape[1] :].cpu()

@@ -18,7 +18,8 @@ import torch
 from kvsweep.caches import CacheStrategy, get_strategy, register
 from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
 from kvsweep.cell.environment import describe_device, describe_host, start_device
-from kvsweep.cell.generate_session import GenerateSession, MeasuredCall, make_inputs
+from kvsweep.cell.feed import feed_for
+from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
@@ -34,7 +35,7 @@ from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify, kv_shape
 from kvsweep.models.shape import KvShape
-from kvsweep.names import Metric, ResultTag
+from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
@@ -61,7 +62,7 @@ def run_cell(
     Everything after reading the cell is inside the `try`: whatever fails (CUDA that cannot start
     included) makes an `error` (or `oom`) result with its message, carrying the environment found so far.
     """
-    cell, protocol = Cell(**cell_data), MeasureProtocol(**protocol_data)
+    cell, protocol = Cell(**cell_data), MeasureProtocol.from_dict(protocol_data)
     result = CellResult(cell_id(cell, protocol), cell, OK)
     faults = faults or []
     try:
@@ -144,10 +145,14 @@ def _measure(
         return
     result.metrics[Metric.MODEL_LOAD_S] = loaded.seconds
     model, shape = loaded.model, loaded.shape
+    feed = feed_for(cell, protocol, model.config.vocab_size, trust_remote_code)
+    if isinstance(feed, str):
+        result.status, result.error = SKIPPED, feed
+        return
+    result.environment[INPUTS_SHA256_PARAM] = feed.sha256
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
-    inputs = make_inputs(model.config.vocab_size, cell.batch_size, cell.context_length, protocol.seed, device)
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
-    session = GenerateSession(model, inputs, cell, device, *injected)
+    session = GenerateSession(model, feed.ids, cell, device, *injected)
     if cell.compile and not session_on_cuda(device):
         session.compile_forward()
     skips_before = cudagraph_skips() if cell.compile else 0  # a graph skipped when compiled stays skipped
@@ -175,7 +180,9 @@ def _measure(
         check_cache(strategy, sample.call, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
     _write(result, _noise(phase, host, sharing if session_on_cuda(device) else None))
-    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size)
+    checked_at = time.perf_counter()
+    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size, feed)
+    result.metrics[Metric.QUALITY_CHECK_S] = time.perf_counter() - checked_at
     _write(result, _quality_found(quality))
     _write(result, _numbers(cell, first, phase, quality.metrics, model, shape, bandwidth))
     if cell.compile:

@@ -23,11 +23,15 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument("--max-slowdown", type=float, help="leanest pick within this of the fastest (0.10 = 10%%)")
     parser.add_argument("--min-token-agreement", type=float, help="flag caches agreeing with dynamic less than this")
     parser.add_argument(
+        "--max-accuracy-drop", type=float, help="refuse caches whose task accuracy is this far below dynamic's"
+    )
+    parser.add_argument("--max-kl", type=float, help="refuse caches whose mean KL from dynamic exceeds this (nats)")
+    parser.add_argument(
         "--rank-by", choices=(Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS), help="what 'fastest' means"
     )
     args = parser.parse_args(argv)
     overrides = {"max_slowdown": args.max_slowdown, "min_token_agreement": args.min_token_agreement}
-    overrides["rank_by"] = args.rank_by
+    overrides |= {"max_accuracy_drop": args.max_accuracy_drop, "max_kl": args.max_kl, "rank_by": args.rank_by}
     return rebuild_report(args.tracking_uri, args.experiment, args.run_id, args.out, overrides)
 
 
@@ -37,6 +41,7 @@ def rebuild_report(
     """Read the sweep back through `tracking/readback.py` (what a resuming sweep reads) and write its report."""
     from kvsweep.redact import redact_uri
     from kvsweep.report.write import ReportContext, settings_from, write_report, write_tables
+    from kvsweep.tracking.client import tag_runs
     from kvsweep.tracking.readback import cell_results, latest_sweep
     from kvsweep.tracking.store import open_client
     from kvsweep.tracking.urls import default_tracking_uri, run_url
@@ -67,6 +72,8 @@ def rebuild_report(
         f"kvsweep report: {name} (parent run {run_id})", settings, links, run_url(uri, experiment_id, run_id)
     )
     report = write_report(results, out or Path("kvsweep-report") / run_id, context)
+    runs = {r.cell_id: r.environment["mlflow_run_id"] for r in results}
+    tag_runs(client, {runs[cid]: tags for cid, tags in report.quality_tags.items() if cid in runs})
     table = write_tables(results, report.folder)
     print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
     print(table)

@@ -62,13 +62,15 @@ def run_command_line(line: CommandLine) -> int:
 def run(overrides: list[str]) -> int:
     from kvsweep.config.compose import compose_config, save_run_config
     from kvsweep.driver.dry_run import dry_run
+    from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.sweep import run_sweep
 
     composed = compose_config(overrides)
+    inputs = choose_inputs(composed.config)  # a bad prompts file or a missing tokenizer: exit 2, nothing started
     if composed.config.dry_run:
-        return dry_run(composed.config)
+        return dry_run(composed.config, inputs=inputs)
     save_run_config(composed)
-    return run_sweep(composed.config, composed.yaml, composed.run_dir, seams=composed.seams)
+    return run_sweep(composed.config, composed.yaml, composed.run_dir, seams=composed.seams, inputs=inputs)
 
 
 def config_help() -> str:

@@ -63,6 +63,18 @@ class GridConfig:
 
 
 @dataclass
+class InputsConfig:
+    source: str = _help(
+        "auto", "auto (passkey for a model with a tokenizer, else random), random, passkey or file (inputs.path)"
+    )
+    path: str = _help("", "prompts for source=file: .jsonl (one {prompt | messages, answer?} a line) or .txt")
+    depths: list[float] = _help(
+        lambda: [0.1, 0.5, 0.9], "where passkey needles sit, as a share of the context", Bound(0, 1, meaning="0-1")
+    )
+    chat_template: bool = _help(True, "wrap each prompt in the tokenizer's chat template when it has one")
+
+
+@dataclass
 class MeasureConfig:
     """The `default` measure preset: one warmup, at least five runs and 2 s of them (at most 30)."""
 
@@ -96,6 +108,9 @@ class MeasureConfig:
         0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)", AT_LEAST_0
     )
     max_duration_s: float = _help(60.0, "time cap on a cell's measured phase, re-runs included (0 = none)", AT_LEAST_0)
+    quality_trials: int = _help(
+        16, "task prompts (passkey or file) each cell answers after its timed calls, at least; 0 = none", AT_LEAST_0
+    )
 
 
 @dataclass
@@ -146,13 +161,22 @@ class ReportConfig:
     max_slowdown: float = _help(
         0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)", AT_LEAST_0
     )
-    min_token_agreement: float = _help(0.9, "flag caches whose tokens agree with dynamic less than this (0-1)", SHARE)
+    min_token_agreement: float = _help(
+        0.9, "flag caches whose tokens agree with dynamic less than this (0-1; reported, never decides alone)", SHARE
+    )
+    max_accuracy_drop: float = _help(
+        0.05, "refuse caches whose task accuracy is below dynamic's by more than this (intervals apart)", SHARE
+    )
+    max_kl: float = _help(
+        0.02, "refuse caches whose mean teacher-forced KL from dynamic exceeds this many nats", POSITIVE
+    )
 
 
 @dataclass
 class KvSweepConfig:
     name: str = _help("quickstart", "sweep name")
     grid: GridConfig = field(default_factory=GridConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     device: str = _help("auto", "auto, cuda or cpu")
     trust_remote_code: bool = _help(False, "allow Hub models' own code (off unless you turn it on)")

@@ -7,7 +7,7 @@ this machine's GPUs, so the dry run counts those. Nothing is measured or logged.
 
 import os
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
@@ -15,16 +15,24 @@ from kvsweep.plan.memory import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text
 from kvsweep.redact import redact_text
 
+if TYPE_CHECKING:
+    from kvsweep.driver.inputs_choice import InputsChoice
 
-def dry_run(cfg: KvSweepConfig, out: TextIO | None = None) -> int:
+
+def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice | None" = None) -> int:
+    """`inputs`: what each model is fed, when the caller chose it already (else chosen here)."""
+    from kvsweep.driver.inputs_choice import choose_inputs
+
+    inputs = inputs or choose_inputs(cfg)
     # An explicit device is planned as asked, even where it is absent (plan a GPU sweep from a laptop).
     device = (
         cfg.device if cfg.device != "auto" else ray_session.resolve_device("auto", cluster_resources(cfg.ray.address))
     )
-    limits = plan_limits(cfg, device)
-    planned, problems = plan_sweep(cfg, device, limits)
+    limits = plan_limits(cfg, device, inputs.spec)
+    planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
     text = plan_text(planned, problems, device, limits)
-    print(redact_text(f"sweep {cfg.name} (dry run)\n{text}"), file=out or sys.stdout)
+    fed = "\n".join(inputs.lines())
+    print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}"), file=out or sys.stdout)
     return 0
 
 

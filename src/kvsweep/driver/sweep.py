@@ -19,6 +19,7 @@ from kvsweep.driver.sweep_end import finish
 from kvsweep.grid import MeasureProtocol, cell_id
 from kvsweep.model_names import display_names
 from kvsweep.models.presets import shape_only_tags
+from kvsweep.names import ResultTag
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
@@ -27,6 +28,7 @@ from kvsweep.testing.seams import Seams
 from kvsweep.tracking.journal import Journal, SweepHeader
 
 if TYPE_CHECKING:
+    from kvsweep.driver.inputs_choice import InputsChoice
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.templates import Templates
@@ -36,23 +38,40 @@ T = TypeVar("T")
 
 
 def sweep_key(cfg: KvSweepConfig) -> str:
-    """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run."""
-    whole = asdict(cfg)
+    """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run.
+
+    The inputs' keys count only where they differ from the schema's defaults, so a sweep started before
+    they existed resumes under the same key (its text-fed cells, if any, have new cell ids anyway)."""
+    whole, defaults = asdict(cfg), asdict(KvSweepConfig())
     identity = {k: whole[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
     identity["experiment"] = cfg.mlflow.experiment
+    if whole["inputs"] != defaults["inputs"]:
+        identity["inputs"] = whole["inputs"]
+    if cfg.measure.quality_trials == defaults["measure"]["quality_trials"]:
+        identity["measure"] = {k: v for k, v in whole["measure"].items() if k != "quality_trials"}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_sweep(
-    cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO | None = None, seams: Seams | None = None
+    cfg: KvSweepConfig,
+    config_yaml: str,
+    run_dir: Path,
+    out: TextIO | None = None,
+    seams: Seams | None = None,
+    inputs: "InputsChoice | None" = None,
 ) -> int:
-    """The sweep's stages in order: connect (the warm templates start importing at once), plan, open
-    tracking, build native extensions, resume, schedule (recording each result), then the table, the
-    report and the closing lines. Returns the exit code."""
+    """The sweep's stages in order: what each model is fed (before Ray: a bad prompts file is exit 2),
+    connect (the warm templates start importing at once), plan, open tracking, build native extensions,
+    resume, schedule (recording each result), then the table, the report and the closing lines.
+    `inputs`: the choice, when the caller made it already. Returns the exit code."""
     from kvsweep.driver import ray_session
+    from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.prewarm import prewarm
 
-    sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout, seams or Seams())
+    inputs = inputs or choose_inputs(cfg)
+    sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout, seams or Seams(), inputs)
+    for line in inputs.lines():
+        sweep.say(line)
     prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)  # the tracking URI was made absolute before this
     try:
@@ -119,10 +138,13 @@ class SweepRun:
     earlier stage's product too soon raises `StageNotRun`, naming the stage.
     """
 
-    def __init__(self, cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO, seams: Seams) -> None:
+    def __init__(
+        self, cfg: KvSweepConfig, config_yaml: str, run_dir: Path, out: TextIO, seams: Seams, inputs: "InputsChoice"
+    ) -> None:
         from kvsweep.tracking.urls import default_tracking_uri
 
         self.cfg, self.config_yaml, self.run_dir, self.out, self.seams = cfg, config_yaml, run_dir, out, seams
+        self.inputs = inputs
         self.tracking_uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts
         self.results: list[CellResult] = []
         self.pruner = OomPruner(cfg.infer_oom)
@@ -173,9 +195,10 @@ class SweepRun:
 
     def plan(self) -> None:
         device = self.connected.device
-        limits = plan_limits(self.cfg, device)
-        cells, problems = plan_sweep(self.cfg, device, limits)
-        self._planned = Planned(protocol_of(self.cfg.measure, device), cells, problems)
+        spec = self.inputs.spec
+        limits = plan_limits(self.cfg, device, spec)
+        cells, problems = plan_sweep(self.cfg, device, limits, self.inputs.by_model)
+        self._planned = Planned(protocol_of(self.cfg.measure, device, spec), cells, problems)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device, limits)))
 
@@ -258,6 +281,9 @@ class SweepRun:
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
+        reason = self.inputs.reasons.get(result.cell.model)
+        if reason:
+            result.tags[ResultTag.INPUTS_REASON] = redact_text(reason)
         self.results.append(result)
         tracking.journal.append(result)
         self.pruner.observe(result)

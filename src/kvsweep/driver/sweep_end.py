@@ -13,6 +13,7 @@ from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
     from kvsweep.driver.sweep import SweepRun
+    from kvsweep.report.write import Report
 
 
 def finish(sweep: "SweepRun") -> int:
@@ -24,8 +25,9 @@ def finish(sweep: "SweepRun") -> int:
     table = write_tables(results, run_dir)
     counts = sweep.progress.counts_by_status()
     journal.write_end("FINISHED", counts)
-    selection = _write_report(sweep)
-    unsent = sink.close("FINISHED", counts)
+    report = _write_report(sweep)
+    selection = report.short_form if report else ""
+    unsent = sink.close("FINISHED", counts, report.quality_tags if report else None)
     say(f"\n{table}\n")
     if selection:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
@@ -45,8 +47,8 @@ def finish(sweep: "SweepRun") -> int:
     return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
 
 
-def _write_report(sweep: "SweepRun") -> str:
-    """The report folder in the run folder (the sink logs it on the parent); returns the short selection."""
+def _write_report(sweep: "SweepRun") -> "Report | None":
+    """The report folder in the run folder (the sink logs it on the parent); None when it could not be written."""
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
     from kvsweep.report.write import ReportContext, settings_from, write_report
     from kvsweep.tracking.urls import run_url
@@ -66,5 +68,5 @@ def _write_report(sweep: "SweepRun") -> str:
         )
     except Exception as exc:
         say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")
-        return ""
-    return report.short_form
+        return None
+    return report

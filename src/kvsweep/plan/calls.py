@@ -2,7 +2,9 @@
 
 A cell (`cell/run.py`) makes one cold call, `warmup` uncounted calls, its measured phase, and one call
 of its own strategy for the quality check (the check's other call is the dynamic baseline's, which
-moves nothing over the host link). The measured phase follows `measure/sampling.py`; for calls of at
+moves nothing over the host link); a cell fed text also answers its task prompts, a call per batch of
+them (`task_calls`; each generates fewer tokens than a measured call, so counting them whole is an
+upper bound). The measured phase follows `measure/sampling.py`; for calls of at
 least `call_s` seconds each, the most calls its rules allow are:
 
 - kept calls: at least `repeats`; more while the kept calls add up to less than `min_duration_s`
@@ -24,7 +26,8 @@ offloaded cell's time it does not count.
 import math
 from dataclasses import dataclass
 
-from kvsweep.grid import MeasureProtocol
+from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.inputs.spec import RANDOM
 
 COLD_CALLS = 1
 QUALITY_CALLS = 1
@@ -40,6 +43,7 @@ class CallCount:
     kept: int
     discarded: int
     quality: int
+    task: int = 0  # task prompts' calls (a text-fed cell)
 
     @property
     def measured(self) -> int:
@@ -47,7 +51,15 @@ class CallCount:
 
     @property
     def total(self) -> int:
-        return self.cold + self.warmup + self.measured + self.quality
+        return self.cold + self.warmup + self.measured + self.quality + self.task
+
+
+def task_calls(cell: Cell, protocol: MeasureProtocol) -> int:
+    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts."""
+    trials = protocol.inputs.quality_trials
+    if cell.inputs == RANDOM or trials <= 0:
+        return 0
+    return math.ceil(trials / cell.batch_size)
 
 
 def most_kept(protocol: MeasureProtocol, call_s: float) -> int:
@@ -73,9 +85,10 @@ def most_measured(protocol: MeasureProtocol, call_s: float) -> int:
     return min(unbounded, max(protocol.repeats + discarded, until_cap))
 
 
-def worst_case_calls(protocol: MeasureProtocol, call_s: float) -> CallCount:
+def worst_case_calls(protocol: MeasureProtocol, call_s: float, tasks: int = 0) -> CallCount:
     """Every call a cell makes when every discard it may re-run is re-run; `call_s`: a lower bound on one
-    call's time (fewer seconds per call, more calls to reach the time floor: the count stays an upper bound)."""
+    call's time (fewer seconds per call, more calls to reach the time floor: the count stays an upper bound);
+    `tasks`: the cell's `task_calls`."""
     measured = most_measured(protocol, call_s)  # never fewer than repeats + the discards
     discarded = most_discarded(protocol)
-    return CallCount(COLD_CALLS, protocol.warmup, measured - discarded, discarded, QUALITY_CALLS)
+    return CallCount(COLD_CALLS, protocol.warmup, measured - discarded, discarded, QUALITY_CALLS, tasks)

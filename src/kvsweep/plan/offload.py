@@ -38,7 +38,7 @@ from kvsweep.caches import CacheStrategy
 from kvsweep.caches.accounting import allocated_bytes
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
-from kvsweep.plan.calls import CallCount, worst_case_calls
+from kvsweep.plan.calls import CallCount, task_calls, worst_case_calls
 from kvsweep.plan.kv_bytes import decode_kv_traffic
 from kvsweep.units import GB
 
@@ -115,7 +115,7 @@ def estimate_offload(
     moved = traffic.host_link_bytes  # there and back
     decode_steps = cell.max_new_tokens - 1  # the first token comes from the prefill
     call_s = (prefill + decode_steps * moved) / link
-    calls = worst_case_calls(protocol, call_s)
+    calls = worst_case_calls(protocol, call_s, task_calls(cell, protocol))
     host = pinned_host_bytes(cell, strategy, shape)
     return OffloadEstimate(host, prefill, moved, moved / link, call_s, calls, calls.total * call_s)
 

@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.grid import MeasureProtocol, expand_grid
+from kvsweep.inputs.spec import InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
@@ -39,24 +40,26 @@ class PlanLimits:
     host_from: str
 
 
-def plan_limits(cfg: KvSweepConfig, device: str) -> PlanLimits:
+def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None) -> PlanLimits:
+    """`inputs`: what text-fed cells answer (their task trials are calls the planner counts)."""
     planner = cfg.planner
     device_bytes = detect_device_bytes(device, planner.device_memory_gb)
     if planner.device_memory_gb > 0:
         device_from = "planner.device_memory_gb"
     else:
         device_from = "the smallest local GPU" if device_bytes else "planner.device_memory_gb=0 and no local GPU"
-    protocol = protocol_of(cfg.measure, device)
+    protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg))
     host = host_limits(planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, protocol)
     host_from = "planner.host_memory_gb" if planner.host_memory_gb > 0 else "this machine's"
     return PlanLimits(device_bytes, device_from, host, host_from)
 
 
 def plan_sweep(
-    cfg: KvSweepConfig, device: str, limits: PlanLimits | None = None
+    cfg: KvSweepConfig, device: str, limits: PlanLimits | None = None, inputs_by_model: dict[str, str] | None = None
 ) -> tuple[list[PlannedCell], dict[str, str]]:
-    """`limits`: what `plan_limits` finds, when the caller prints them too (found once)."""
-    cells = expand_grid(asdict(cfg.grid))
+    """`limits`: what `plan_limits` finds, when the caller prints them too (found once); `inputs_by_model`:
+    what each model is fed (`driver/inputs_choice.py`; random ids where it says nothing)."""
+    cells = expand_grid(asdict(cfg.grid), inputs_by_model)
     facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
     limits = limits or plan_limits(cfg, device)
     planned = []
@@ -132,7 +135,12 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
     return metrics
 
 
-def protocol_of(m: MeasureConfig, device: str) -> MeasureProtocol:
+def inputs_spec(cfg: KvSweepConfig) -> InputSpec:
+    """The inputs settings without a prompts file (the file is read, once, by `driver/inputs_choice.py`)."""
+    return InputSpec(tuple(cfg.inputs.depths), cfg.inputs.chat_template, cfg.measure.quality_trials)
+
+
+def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec) -> MeasureProtocol:
     return MeasureProtocol(
         warmup=m.warmup,
         repeats=m.repeats,
@@ -145,4 +153,5 @@ def protocol_of(m: MeasureConfig, device: str) -> MeasureProtocol:
         max_discarded=m.max_discarded,
         target_rel_ci=m.target_rel_ci,
         max_duration_s=m.max_duration_s,
+        inputs=inputs,
     )

@@ -33,10 +33,3 @@ def failure_advice(cache: str, compiled: bool, status: str, error: str) -> str:
 def slow_quantized_advice(cache: str, slower_than_dynamic: bool, dynamic_ok: bool) -> str:
     """A quantized cache saves memory, not time: not the default where dynamic fits and is faster."""
     return _rollback(cache).when_slower_than_dynamic if slower_than_dynamic and dynamic_ok else ""
-
-
-def quality_advice(agreement: float, threshold: float) -> str:
-    return (
-        f"outputs drift (token agreement {agreement:.2f} < {threshold:.2f}): fall back to dynamic, "
-        "reduce context and concurrency to get a baseline"
-    )

@@ -2,6 +2,7 @@
 
 from kvsweep.caches import BASELINE
 from kvsweep.names import Metric, ci_high, ci_low
+from kvsweep.report.quality_gate import depth_accuracies, task_accuracy
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.units import MIB
 
@@ -63,14 +64,13 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     for d in decisions:
         model, dtype, batch, context, new = d.key
         failed = [f"{e.label}: {e.status}" for e in d.entries if e.status != "ok"]
-        flagged = [
-            f"{e.label}: {e.flags[0]}" for e in d.entries if e.status == "ok" and e.flags and "agreement" in e.flags[0]
-        ]
+        refused = [f"{e.label}: refused, {reason}" for e in d.refused() for reason in e.gate.refusals]
+        flagged = [f"{e.label}: {flag}" for e in d.entries if e.status == "ok" for flag in e.gate.drift]
         pick = _link(d.pick, links, f" ({'; '.join(_pick_notes(d))})" if d.pick else "")
         contended = [f"{e.label}: CONTENDED ({e.contention})" for e in d.deciding() if e.contention]
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
         row = [d.model_name or model, dtype, str(batch), str(context), str(new), pick, leanest]
-        rows.append([*row, "; ".join(contended + failed + flagged)])
+        rows.append([*row, "; ".join(contended + refused + failed + flagged)])
     return header, rows
 
 
@@ -80,7 +80,28 @@ def _pick_notes(decision: Decision) -> list[str]:
     why = ["fastest"]
     if decision.tied:
         why = [f"tied within noise: {', '.join(e.label for e in decision.tied)}; {TIE_RULE}"]
-    return why + ([cost_text(decision.pick)] if decision.pick.deltas else [])
+    task = decision.pick.gate.task
+    quality = [f"{task.mine.task} {task.mine.text()} vs dynamic {task.dynamic.text()}: {task.verdict}"] if task else []
+    return why + ([cost_text(decision.pick)] if decision.pick.deltas else []) + quality
+
+
+def task_text(entry: Entry) -> str:
+    """'passkey 0.94 [0.70-1.00] (depth 10: 1.00, 50: 0.88, 90: 0.94)': the accuracy, its interval, per depth."""
+    accuracy = task_accuracy(entry.result.metrics) if entry.status == "ok" else None
+    if accuracy is None:
+        return "-"
+    depths = depth_accuracies(entry.result.metrics)
+    by_depth = f" (depth {', '.join(f'{d}: {v:.2f}' for d, v in depths)})" if len(depths) > 1 else ""
+    return f"{accuracy.task} {accuracy.text()}{by_depth}"
+
+
+def verdict_text(entry: Entry) -> str:
+    """The task verdict against dynamic: ok, loss, undecided; 'baseline' for dynamic's own cell."""
+    if entry.gate.task is not None:
+        return entry.gate.task.verdict
+    if entry.label == BASELINE and entry.status == "ok" and task_accuracy(entry.result.metrics) is not None:
+        return "baseline"
+    return "-"
 
 
 def _pick_name(decision: Decision) -> str:
@@ -99,6 +120,8 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         "TTFT ms",
         f"{MEMORY_LABELS[basis]} MiB",
         "vs dynamic",
+        "task (95% interval)",
+        "task vs dynamic",
         "agreement",
         "KL (nats)",
         "flags / advice",
@@ -121,6 +144,8 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     _with_interval(m, Metric.TTFT_MS) if e.status == "ok" else "-",
                     _num(e.memory, MIB) if e.status == "ok" else "-",
                     cost_text(e) or ("baseline" if e.label == BASELINE and e.status == "ok" else "-"),
+                    task_text(e),
+                    verdict_text(e),
                     _num(m.get(Metric.TOKEN_AGREEMENT)) if e.status == "ok" else "-",
                     f"{m[Metric.KL_DIVERGENCE]:.2e}" if e.status == "ok" and Metric.KL_DIVERGENCE in m else "-",
                     "; ".join(notes),
@@ -149,8 +174,11 @@ def intro(decisions: list[Decision]) -> str:
         f"strategies within {s.max_slowdown:.0%} of the fastest median. Costs are relative to `dynamic` on the same "
         "model, dtype, batch, context and new tokens; a timing's ± is its 95% uncertainty (both intervals in "
         "quadrature). CONTENDED marks cells measured while other processes took their CPUs or GPU "
-        "(`kvsweep.contended`). Strategies whose tokens agree with dynamic less than "
-        f"{s.min_token_agreement:.2f} are flagged and not picked (on random-weight presets they are only flagged)."
+        "(`kvsweep.contended`). Quality: a strategy whose task accuracy is more than "
+        f"{s.max_accuracy_drop:.2f} below dynamic's is refused (never picked) when the exact 95% intervals are "
+        "apart (loss) and also while they overlap (undecided: more measure.quality_trials decide), as is one "
+        f"whose mean KL from dynamic exceeds {s.max_kl:g} nats; token agreement below "
+        f"{s.min_token_agreement:.2f} is only flagged, as is everything on random-weight presets."
     )
 
 

@@ -4,7 +4,9 @@ Panels: TTFT, decode tokens/s, peak memory (with the device's capacity), KV cach
 beside the dense formula) against context length, and a memory-vs-TPOT Pareto chart. Timings carry
 error bars from their 95% intervals; cells measured under contention are drawn hollow and labelled.
 Cells that did not run (oom, skipped, error...) are drawn as crosses on the axis with their status,
-never silently missing.
+never silently missing. Where cells answered a task or measured KL, a second figure per facet
+(`<facet>_quality.png`, trained models only) shows the task accuracy with its exact 95% interval and the KL from dynamic
+against context length, one line per strategy: the evidence behind the quality gate.
 """
 
 from collections import defaultdict
@@ -17,8 +19,9 @@ from matplotlib.transforms import blended_transform_factory
 
 from kvsweep.grid import strategy_label
 from kvsweep.model_names import display_names, file_stem
-from kvsweep.names import Metric, ResultTag, ci_high, ci_low
+from kvsweep.names import ACCURACIES, Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
+from kvsweep.report.quality_gate import TASK_NAMES
 from kvsweep.report.selection import memory_basis
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
@@ -44,8 +47,12 @@ def colours(results: list[CellResult]) -> dict[str, str]:
     return {label: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, label in enumerate(labels)}
 
 
-def draw_facets(results: list[CellResult], out_dir: Path) -> list[Path]:
-    """Writes one figure per facet into out_dir; returns their paths in facet order."""
+QUALITY_SUFFIX = "_quality"
+
+
+def draw_facets(results: list[CellResult], out_dir: Path, max_kl: float | None = None) -> list[Path]:
+    """Writes one figure per facet into out_dir, and its quality figure where it has task or KL numbers;
+    returns their paths in facet order. `max_kl` draws the KL limit the selection refuses above."""
     out_dir.mkdir(parents=True, exist_ok=True)
     facets: dict[FacetKey, list[CellResult]] = defaultdict(list)
     for result in results:
@@ -59,7 +66,48 @@ def draw_facets(results: list[CellResult], out_dir: Path) -> list[Path]:
         path = out_dir / f"{facet_name(key, names[key[0]])}.png"
         figure.savefig(path, dpi=100)
         paths.append(path)
+        quality = _quality_figure(key, names[key[0]], facets[key], palette, max_kl)
+        if quality is not None:
+            path = out_dir / f"{facet_name(key, names[key[0]])}{QUALITY_SUFFIX}.png"
+            quality.savefig(path, dpi=100)
+            paths.append(path)
     return paths
+
+
+def _quality_figure(
+    key: FacetKey, model_name: str, results: list[CellResult], palette: dict[str, str], max_kl: float | None
+) -> Figure | None:
+    """Task accuracy (error bars: exact 95% interval) and KL from dynamic against context; None without either,
+    and None for random weights (a preset's KL says nothing about a trained model's)."""
+    trained = [r for r in results if r.tags.get(ResultTag.SHAPE_ONLY) != "true"]
+    metrics = [m for m in (*ACCURACIES, Metric.KL_DIVERGENCE) if any(_has(r, m) for r in trained)]
+    if not metrics:
+        return None
+    _, dtype, batch, new = key
+    figure = Figure(figsize=(7 * len(metrics), 5.5), layout="constrained")
+    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
+    figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens: quality against dynamic", fontsize=13)
+    series = _series(results)
+    contexts = sorted({int(r.cell.context_length) for r in results})
+    for ax, metric in zip(axes, metrics, strict=True):
+        for label, cells in series.items():
+            _plot_series(ax, [r for r in cells if _has(r, metric)], metric, 1.0, palette[label])
+        _mark_failures(ax, series, palette)
+        if metric == Metric.KL_DIVERGENCE:
+            _context_axis(ax, contexts, "mean teacher-forced KL from dynamic (nats)")
+            _kl_limit(ax, max_kl)
+        else:
+            _context_axis(ax, contexts, f"{TASK_NAMES[metric]} accuracy (bars: exact 95% interval)")
+            ax.set_ylim(-0.03, 1.05)
+        ax.legend(fontsize=8, loc="best")
+    return figure
+
+
+def _kl_limit(ax: Axes, max_kl: float | None) -> None:
+    """KL spans decades (0 for dynamic itself): linear near zero, logarithmic above a tenth of the limit."""
+    ax.set_yscale("symlog", linthresh=(max_kl or 0.02) / 10)
+    if max_kl is not None:
+        ax.axhline(max_kl, color="black", linestyle="--", linewidth=1.2, label=f"report.max_kl {max_kl:g}")
 
 
 def _facet_figure(

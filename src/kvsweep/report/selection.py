@@ -8,20 +8,23 @@ For every group of cells that differ only in their cache strategy:
 - *leanest*: the least memory among strategies within `max_slowdown` of the fastest median;
 - every strategy's cost relative to `dynamic` (TPOT, TTFT, the `rank_by` timing, memory), its
   quality flags, and for failures the status with the rollback advice (`report/advice.py`).
-A strategy whose tokens drift from dynamic (agreement below the threshold) is never picked for a
-trained model; on random-weight presets (shape-only) quality says little, so it is only flagged.
+Quality decides eligibility (`quality_gate.py`): a strategy whose task accuracy is lost against
+dynamic's, or undecided, or whose KL from dynamic is over the limit, is never picked as fastest or
+leanest; low token agreement is only flagged, as is everything on random-weight presets (shape-only).
 """
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.grid import strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
-from kvsweep.report.advice import failure_advice, quality_advice, slow_quantized_advice
+from kvsweep.report.advice import failure_advice, slow_quantized_advice
+from kvsweep.report.quality_gate import Gate, judge, loss_tag
 from kvsweep.report.uncertainty import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
@@ -35,7 +38,21 @@ TIMING_LABELS = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: 
 class Settings:
     rank_by: str = Metric.TPOT_MS
     max_slowdown: float = 0.10
-    min_token_agreement: float = 0.9
+    min_token_agreement: float = 0.9  # below it: flagged, never deciding alone
+    max_accuracy_drop: float = 0.05  # task accuracy below dynamic's by more than this, intervals apart: refused
+    max_kl: float = 0.02  # mean teacher-forced KL from dynamic (nats) above this: refused
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> "Settings":
+        """From the config's `report` section or the parent run's `report.*` params (strings); missing: defaults."""
+        defaults = cls()
+        return cls(
+            rank_by=str(values.get("rank_by", defaults.rank_by)),
+            max_slowdown=float(values.get("max_slowdown", defaults.max_slowdown)),
+            min_token_agreement=float(values.get("min_token_agreement", defaults.min_token_agreement)),
+            max_accuracy_drop=float(values.get("max_accuracy_drop", defaults.max_accuracy_drop)),
+            max_kl=float(values.get("max_kl", defaults.max_kl)),
+        )
 
 
 @dataclass
@@ -53,6 +70,7 @@ class Entry:
     flags: list[str] = field(default_factory=list)
     advice: str = ""
     eligible: bool = False
+    gate: Gate = field(default_factory=Gate)  # the quality verdict (cells that ran)
 
     @property
     def status(self) -> str:
@@ -86,9 +104,10 @@ class Decision:
             text += f"; leanest within {within}: {self.leanest.label} ({cost})"
         elif self.leanest is self.pick:
             text += f"; also the leanest within {within}"
-        drifted = [
-            f"{e.label} {e.flags[0]}" for e in self.entries if e.status == OK and e.flags and "agreement" in e.flags[0]
-        ]
+        refused = [f"{e.label} ({'; '.join(e.gate.refusals)})" for e in self.refused()]
+        if refused:
+            text += f"; refused: {', '.join(refused)}"
+        drifted = [f"{e.label} {flag}" for e in self.entries if e.status == OK for flag in e.gate.drift]
         if drifted:
             text += f"; flagged: {', '.join(drifted)}"
         contended = [e for e in self.deciding() if e.contention]
@@ -107,12 +126,27 @@ class Decision:
             f"{', '.join(e.label for e in self.tied)}; pick {self.pick.label} ({TIE_RULE}{_vs(self.pick)})"
         )
 
+    def refused(self) -> list[Entry]:
+        """Strategies that ran but that quality keeps from being picked."""
+        return [e for e in self.entries if e.status == OK and e.gate.refused]
+
     def deciding(self) -> list[Entry]:
         """The cells the decision rests on: the fastest and its runner-up (or all the tied), and dynamic."""
         eligible = sorted((e for e in self.entries if e.eligible), key=lambda e: e.speed or 0.0)
         cells = self.tied or eligible[:2]
         dynamic = [e for e in self.entries if e.label == BASELINE and e.status == OK and e not in cells]
         return [*cells, *dynamic]
+
+
+def quality_loss_tags(decisions: Iterable[Decision]) -> dict[str, dict[str, str]]:
+    """Cell id -> its `kvsweep.quality_loss` tag, for every cell with a task verdict (MLflow's copy of it)."""
+    tags = {}
+    for decision in decisions:
+        for entry in decision.entries:
+            tag = loss_tag(entry.gate)
+            if tag:
+                tags[entry.result.cell_id] = tag
+    return tags
 
 
 def _vs(entry: Entry, first: bool = False) -> str:
@@ -164,8 +198,10 @@ def _order(result: CellResult) -> tuple:
 
 
 def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings: Settings) -> Decision:
-    entries = [_entry(r, basis, settings) for r in sorted(results, key=_order)]
-    dynamic = next((e for e in entries if e.label == BASELINE and e.status == OK), None)
+    ordered = sorted(results, key=_order)
+    baseline = next((r for r in ordered if strategy_label(r.cell) == BASELINE and r.status == OK), None)
+    entries = [_entry(r, basis, settings, baseline) for r in ordered]
+    dynamic = next((e for e in entries if e.result is baseline), None)
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:
             entry.deltas = _deltas(entry.result, dynamic.result, basis, settings.rank_by)
@@ -188,7 +224,7 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
     return decision
 
 
-def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
+def _entry(result: CellResult, basis: str, settings: Settings, dynamic: CellResult | None) -> Entry:
     entry = Entry(strategy_label(result.cell), result)
     m = result.metrics
     if result.status != OK:
@@ -199,16 +235,17 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     entry.speed = m.get(settings.rank_by)
     entry.interval = metric_interval(m, settings.rank_by)
     entry.memory = m.get(basis)
-    shape_only = result.tags.get(ResultTag.SHAPE_ONLY) == "true"
-    agreement = m.get(Metric.TOKEN_AGREEMENT)
-    drifted = agreement is not None and agreement < settings.min_token_agreement
-    if drifted:
-        entry.flags.append(f"token agreement {agreement:.2f} < {settings.min_token_agreement:.2f}")
-        entry.advice = quality_advice(agreement, settings.min_token_agreement)
+    entry.gate = judge(
+        result,
+        dynamic,
+        max_accuracy_drop=settings.max_accuracy_drop,
+        max_kl=settings.max_kl,
+        min_token_agreement=settings.min_token_agreement,
+    )
+    entry.flags += [*entry.gate.refusals, *entry.gate.flags]
+    entry.advice = entry.gate.advice
     if ResultTag.QUALITY in result.tags:
         entry.flags.append(f"quality {result.tags[ResultTag.QUALITY]}")
-    if shape_only:
-        entry.flags.append("shape-only (random weights)")
     if result.tags.get(ResultTag.CONTENDED) == "true":
         entry.contention = result.tags.get(ResultTag.CONTENTION, "GPU shared")
         entry.flags.append(f"contended: {entry.contention}")
@@ -216,7 +253,7 @@ def _entry(result: CellResult, basis: str, settings: Settings) -> Entry:
     if implausible:
         utilization = m.get(Metric.DECODE_BANDWIDTH_UTILIZATION, float("nan"))
         entry.flags.append(f"implausible: decode read {utilization:.2f}x the memory bandwidth")
-    entry.eligible = entry.speed is not None and not (drifted and not shape_only) and not implausible
+    entry.eligible = entry.speed is not None and not entry.gate.refused and not implausible
     return entry
 
 

@@ -30,6 +30,10 @@ CSV_METRICS = (
     Metric.DISCARDED_CALLS,
     Metric.HOST_OTHER_CPU_SHARE,
     Metric.HOST_STEAL_SHARE,
+    Metric.KL_DIVERGENCE,
+    *with_interval(Metric.PASSKEY_ACCURACY),
+    *with_interval(Metric.ANSWER_ACCURACY),
+    Metric.TASK_TRIALS,
 )
 
 
@@ -57,7 +61,7 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 HEADER = ("model", "dtype", "ctx", "bs", "new", "cache", "status", "ttft ms", "tpot ms", "tok/s", "kv MiB")
-HEADER += ("dense MiB", "peak MiB", "agree")
+HEADER += ("dense MiB", "peak MiB", "agree", "task")
 
 
 def results_table(results: Iterable[CellResult]) -> str:
@@ -91,6 +95,7 @@ def _row(r: CellResult, model_name: str) -> list[str]:
         _fmt(m.get(Metric.KV_CACHE_BYTES_DENSE), MIB, 2),
         _fmt(peak, MIB, 0),
         _fmt(m.get(Metric.TOKEN_AGREEMENT), digits=2),
+        _fmt(m.get(Metric.PASSKEY_ACCURACY, m.get(Metric.ANSWER_ACCURACY)), digits=2),
     ]
 
 

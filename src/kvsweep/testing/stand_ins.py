@@ -19,7 +19,7 @@ def sleep_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     elapsed_ms = (time.perf_counter() - started) * 1e3
     the_cell = Cell(**cell)
     result = CellResult(
-        cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms}
+        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms}
     )
     return result.to_dict()
 
@@ -48,7 +48,9 @@ def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     torch.set_num_threads(found["threads"] + 1)
     torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
     the_cell = Cell(**cell)
-    result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
+    result = CellResult(
+        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0}
+    )
     result.environment["found"] = found
     return result.to_dict()
 
@@ -59,7 +61,9 @@ def environ_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[s
     import os
 
     the_cell = Cell(**cell)
-    result = CellResult(cell_id(the_cell, MeasureProtocol(**protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0})
+    result = CellResult(
+        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0}
+    )
     result.environment["environ_names"] = sorted(os.environ)
     return result.to_dict()
 
@@ -76,7 +80,7 @@ def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str,
     from kvsweep.measure.verdict import HostEvidence
     from kvsweep.names import ResultTag
 
-    the_cell, the_protocol = Cell(**cell), MeasureProtocol(**protocol)
+    the_cell, the_protocol = Cell(**cell), MeasureProtocol.from_dict(protocol)
     meter = HostMeter()
     time.sleep(max(0.0, float(testing.get("start_at", 0.0)) - time.time()))
     metered_at = time.time()

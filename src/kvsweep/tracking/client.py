@@ -19,6 +19,7 @@ from kvsweep.grid import Cell, cell_label
 from kvsweep.names import (
     CELL_ROLE,
     ENV_TAG_PREFIX,
+    INPUTS_SHA256_PARAM,
     INT_PARAMS,
     PARAM_KEYS,
     REPORT_DIR,
@@ -108,6 +109,10 @@ class SweepTracker:
         """The sweep's saved chart view in the UI, one line per configuration (see view.py)."""
         save_compare_view(self.client, self.experiment_id, parent_run_id, sweep, groups)
 
+    def tag_cells(self, tags_by_run: dict[str, dict[str, str]]) -> None:
+        """Tags decided after the cells ran (the quality verdicts against dynamic), onto their child runs."""
+        tag_runs(self.client, tags_by_run)
+
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
         now = _now_ms()
         self.client.log_batch(
@@ -163,8 +168,13 @@ class SweepTracker:
         metrics.append(entities.Metric(Metric.CELL_WALL_S, result.wall_s, now, 0))
         # The axes again as metrics: MLflow's line charts take only a metric as their x axis.
         metrics += [entities.Metric(k, float(getattr(result.cell, k)), now, 0) for k in INT_PARAMS]
+        fed = result.environment.get(INPUTS_SHA256_PARAM)  # the prompts' hash, known once the cell has built them
+        params = [Param(INPUTS_SHA256_PARAM, str(fed))] if fed else []
         self.client.log_batch(
-            run_id, metrics=metrics, tags=[entities.RunTag(k, redact_text(v)) for k, v in tags.items()]
+            run_id,
+            metrics=metrics,
+            params=params,
+            tags=[entities.RunTag(k, redact_text(v)) for k, v in tags.items()],
         )
         if result.samples:
             self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
@@ -188,3 +198,10 @@ def _param_value(value: object) -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def tag_runs(client: Any, tags_by_run: dict[str, dict[str, str]]) -> None:
+    """Set each run's tags (an MlflowClient; one call a run)."""
+    for run_id, tags in tags_by_run.items():
+        if tags:
+            client.log_batch(run_id, tags=[entities.RunTag(k, v) for k, v in tags.items()])

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Run
 
 from kvsweep.grid import Cell
+from kvsweep.inputs.spec import RANDOM
 from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, RunTag
 from kvsweep.results import CellResult
 
@@ -51,6 +52,7 @@ def result_from_run(run: Run) -> CellResult:
     for key in INT_PARAMS:
         fields[key] = int(fields[key])
     fields["compile"] = fields["compile"] == "true"
+    fields["inputs"] = fields["inputs"] or RANDOM  # a run logged before cells had inputs was fed random ids
     return CellResult(
         tags.get(RunTag.CELL_ID, ""),
         Cell(**fields),

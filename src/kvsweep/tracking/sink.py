@@ -133,8 +133,11 @@ class MlflowSink:
         except Exception as exc:
             self._failed(exc)
 
-    def close(self, status: str, counts: dict[str, int]) -> int:
-        """Last attempts to send everything and end the parent run; returns how many results are unsent."""
+    def close(self, status: str, counts: dict[str, int], cell_tags: dict[str, dict[str, str]] | None = None) -> int:
+        """Last attempts to send everything and end the parent run; returns how many results are unsent.
+
+        `cell_tags` (cell id -> tags) are what the report decided across cells (the quality verdicts):
+        written onto the cells' runs once every result is in; `kvsweep report` writes them again."""
         for attempt in range(FINAL_ATTEMPTS):
             if attempt:
                 time.sleep(min(self.backoff_s, 5.0))
@@ -147,6 +150,8 @@ class MlflowSink:
         try:
             run_dir = self.journal.path.parent
             files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
+            runs = {self.cell_runs[cid]: tags for cid, tags in (cell_tags or {}).items() if cid in self.cell_runs}
+            self.tracker.tag_cells(runs)
             self.tracker.log_sweep_files(self.parent_run_id, files, {})
             self.tracker.log_report(self.parent_run_id, run_dir / REPORT_DIR)
             self.tracker.finish_sweep(self.parent_run_id, counts, status)

@@ -17,16 +17,23 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, ci_high, ci_low
+from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, with_interval
 
 CHARTS = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.KV_CACHE_BYTES, Metric.HOST_OTHER_CPU_SHARE)
-# The runs table of the view: the cell's axes, its numbers with their 95% intervals and the
-# contention verdict, so a contended cell is visible beside its numbers (canonical column keys).
+# The runs table of the view: the cell's axes, its numbers with their 95% intervals, the contention
+# verdict (a contended cell is visible beside its numbers) and the quality verdict beside the task
+# accuracy and KL it rests on (canonical column keys).
 COLUMNS = (
-    *(f"tags.`{t}`" for t in (ResultTag.CONTENDED, ResultTag.CONTENTION)),
+    *(f"tags.`{t}`" for t in (ResultTag.CONTENDED, ResultTag.CONTENTION, ResultTag.QUALITY_LOSS)),
     *(
         f"metrics.`{m}`"
-        for m in (Metric.TPOT_MS, ci_low(Metric.TPOT_MS), ci_high(Metric.TPOT_MS), Metric.HOST_OTHER_CPU_SHARE)
+        for m in (
+            *with_interval(Metric.TPOT_MS),
+            Metric.HOST_OTHER_CPU_SHARE,
+            *with_interval(Metric.PASSKEY_ACCURACY),
+            *with_interval(Metric.ANSWER_ACCURACY),
+            Metric.KL_DIVERGENCE,
+        )
     ),
     *(f"params.`{p}`" for p in ("cache", "context_length", "batch_size", "dtype")),
 )

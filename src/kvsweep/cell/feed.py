@@ -1,0 +1,57 @@
+"""What a cell's calls are fed: seeded random ids, or prompts of text built with the model's own tokenizer.
+
+Every timed call gets the same `ids`; a text-fed cell also keeps the task prompts behind them (the
+first batch of them *are* the timed ids), so timing and quality come from one input set. Every
+strategy of a (model, batch, context) pair builds the same prompts: they depend on the seed, the
+context, the row and the sweep's inputs settings only; `sha256` lets a reader check that.
+"""
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
+from kvsweep.inputs.spec import RANDOM, kind_of
+from kvsweep.models.resolve import classify
+from kvsweep.models.tokenizer import load_tokenizer
+
+
+@dataclass(frozen=True)
+class Feed:
+    ids: torch.Tensor  # (batch, context) on the cell's device: what every timed call gets
+    sha256: str  # the `inputs_sha256` param: the ids (text-fed: every task prompt and its answer)
+    prompts: list[Prompt] = field(default_factory=list)  # text-fed: the task's prompts, whole batches
+    tokenizer: Any = None  # text-fed: decodes the answers
+
+
+def feed_for(cell: Cell, protocol: MeasureProtocol, vocab_size: int, trust_remote_code: bool) -> Feed | str:
+    """The cell's inputs, or why the cell is skipped (a context too short for the prompt's fixed part)."""
+    if cell.inputs == RANDOM:
+        ids = random_ids(vocab_size, cell.batch_size, cell.context_length, protocol.seed)
+        return Feed(ids.to(protocol.device), hashlib.sha256(ids.numpy().tobytes()).hexdigest())
+    kind, spec = kind_of(cell.inputs), protocol.inputs
+    tokenizer = load_tokenizer(classify(cell.model), trust_remote_code)
+    shortest = minimum_context(tokenizer, kind, spec)
+    if cell.context_length < shortest:
+        return f"context {cell.context_length} is shorter than a {kind} prompt's fixed part ({shortest} tokens)"
+    prompts = build_prompts(
+        tokenizer, kind, task_rows(cell.batch_size, spec.quality_trials), cell.context_length, protocol.seed, spec
+    )
+    ids = torch.tensor([p.ids for p in prompts[: cell.batch_size]], dtype=torch.long)
+    return Feed(ids.to(protocol.device), prompts_sha256(prompts), prompts, tokenizer)
+
+
+def task_rows(batch: int, trials: int) -> int:
+    """Prompts a cell builds: at least `trials`, in whole batches (a trial call has the cell's shape), and
+    at least one batch (the timed calls' own)."""
+    return max(1, math.ceil(trials / batch)) * batch
+
+
+def random_ids(vocab_size: int, batch: int, context: int, seed: int) -> torch.Tensor:
+    """Seeded random token ids, the same for every strategy of a (batch, context) pair (on the host)."""
+    generator = torch.Generator().manual_seed(seed + 7919 * context + batch)
+    return torch.randint(0, vocab_size, (batch, context), generator=generator)

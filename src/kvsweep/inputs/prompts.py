@@ -1,0 +1,143 @@
+"""A cell's text prompts, exactly `context_length` tokens each: passkey needles or the user's own prompts.
+
+Prompt `i` depends only on the sweep's seed, the context length, `i` and the inputs settings, so
+every strategy of a (model, batch, context) pair gets the same prompts, and each batch row its own.
+
+- passkey: the intro, filler with the key's sentence at the row's depth (`InputSpec.depths`, in
+  turn), the question. The depth is the share of the filler before the needle.
+- file: the record's text, split at its last blank line into a body and the question. A longer
+  body is cut in the middle (its start and its end stay, the question always); a shorter prompt is
+  filled in front with the file's further prompts, then filler text. A prompt used a second time
+  (more rows than records) keeps no answer: it shapes the batch but is not counted twice.
+"""
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from kvsweep.inputs.layout import FillerStream, Frame, cut_middle, encode, frame
+from kvsweep.inputs.passkey import INTRO, KEY_DIGITS, QUESTION, needle, random_key
+from kvsweep.inputs.spec import FILE, PASSKEY, InputSpec
+
+SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: tuple[int, ...]
+    answer: str | None  # the key, the file's answer, or None (nothing to check)
+    depth: float | None  # passkey: where the needle sits
+    kind: str  # passkey or file
+
+
+def build_prompts(
+    tokenizer: Any, kind: str, count: int, context_length: int, seed: int, spec: InputSpec
+) -> list[Prompt]:
+    """The first `count` prompts of this context length, each `context_length` tokens long."""
+    stream = FillerStream(tokenizer)
+    if kind == PASSKEY:
+        pieces = _PasskeyPieces(tokenizer, spec)
+        return [pieces.prompt(stream, i, context_length, seed) for i in range(count)]
+    if kind == FILE:
+        return [_file_prompt(tokenizer, stream, spec, i, context_length, seed) for i in range(count)]
+    raise ValueError(f"no text prompts for inputs {kind!r}")
+
+
+def minimum_context(tokenizer: Any, kind: str, spec: InputSpec) -> int:
+    """The fewest tokens a prompt of this kind fits in: its frame and everything that is never cut."""
+    if kind == PASSKEY:
+        return _PasskeyPieces(tokenizer, spec).fixed(key="9" * KEY_DIGITS[1])
+    shortest = 0
+    for record in spec.records:
+        turns, text = _turns(record)
+        question = encode(tokenizer, _split_question(text)[1]) if SEPARATOR in text else []
+        shortest = max(shortest, len(frame(tokenizer, spec.chat_template, turns)) + len(question) + 1)
+    return shortest
+
+
+def prompts_sha256(prompts: list[Prompt]) -> str:
+    """What the `inputs_sha256` param says: every prompt's tokens and expected answer."""
+    payload = json.dumps([[list(p.ids), p.answer] for p in prompts], separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class _PasskeyPieces:
+    """The fixed pieces of a passkey prompt, tokenised once per cell."""
+
+    def __init__(self, tokenizer: Any, spec: InputSpec) -> None:
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.frame = frame(tokenizer, spec.chat_template)
+        self.intro = encode(tokenizer, INTRO + SEPARATOR)
+        self.question = encode(tokenizer, SEPARATOR + QUESTION)
+
+    def hidden(self, key: str) -> list[int]:
+        return encode(self.tokenizer, " " + needle(key) + " ")
+
+    def fixed(self, key: str) -> int:
+        return len(self.frame) + len(self.intro) + len(self.hidden(key)) + len(self.question)
+
+    def prompt(self, stream: FillerStream, index: int, context: int, seed: int) -> Prompt:
+        rng = random.Random(f"passkey:{seed}:{context}:{index}")
+        key = random_key(rng)
+        depth = self.spec.depths[index % len(self.spec.depths)]
+        budget = context - self.fixed(key)
+        filler = stream.take(rng.randrange(len(stream.paragraphs)), budget)
+        at = round(depth * budget)
+        body = self.intro + filler[:at] + self.hidden(key) + filler[at:] + self.question
+        return Prompt(_framed(self.frame, body), key, depth, PASSKEY)
+
+
+def _file_prompt(tokenizer: Any, stream: FillerStream, spec: InputSpec, index: int, context: int, seed: int) -> Prompt:
+    records = spec.records
+    record = records[index % len(records)]
+    turns, text = _turns(record)
+    framing = frame(tokenizer, spec.chat_template, turns)
+    body_text, question_text = _split_question(text)
+    question = encode(tokenizer, question_text)
+    body = encode(tokenizer, body_text)
+    budget = context - len(framing) - len(question)
+    if len(body) > budget:
+        body = cut_middle(body, budget)
+    elif len(body) < budget:
+        body = _fill(tokenizer, stream, spec, index, budget - len(body), seed) + body
+    answer = record.get("answer") if index < len(records) else None
+    return Prompt(_framed(framing, body + question), answer, None, FILE)
+
+
+def _fill(tokenizer: Any, stream: FillerStream, spec: InputSpec, index: int, count: int, seed: int) -> list[int]:
+    """`count` tokens to go before a short prompt: the file's further prompts, then filler, then a blank line."""
+    separator = encode(tokenizer, SEPARATOR)
+    wanted = count - len(separator)
+    if wanted <= 0:
+        return stream.take(0, count)
+    fill: list[int] = []
+    records = spec.records
+    for step in range(1, len(records)):
+        if len(fill) >= wanted:
+            break
+        fill += encode(tokenizer, _turns(records[(index + step) % len(records)])[1] + SEPARATOR)
+    if len(fill) < wanted:
+        start = random.Random(f"fill:{seed}:{index}").randrange(len(stream.paragraphs))
+        fill += stream.take(start, wanted - len(fill))
+    return fill[:wanted] + separator
+
+
+def _turns(record: dict[str, Any]) -> tuple[tuple[dict[str, str], ...], str]:
+    """The turns before the one answered, and the text of the one answered (a plain prompt is one user turn)."""
+    if "messages" in record:
+        messages = record["messages"]
+        return tuple({"role": m["role"], "content": m["content"]} for m in messages[:-1]), messages[-1]["content"]
+    return (), record["prompt"]
+
+
+def _split_question(text: str) -> tuple[str, str]:
+    """Body and question: the question is what follows the last blank line (it keeps that blank line)."""
+    body, separator, question = text.rpartition(SEPARATOR)
+    return (body, separator + question) if separator else (text, "")
+
+
+def _framed(framing: Frame, body: list[int]) -> tuple[int, ...]:
+    return (*framing.head, *body, *framing.tail)

@@ -1,0 +1,45 @@
+"""The inputs every cell of a sweep is fed, as sent to the cells (`MeasureProtocol.inputs`).
+
+Torch-free: the driver builds it from the `inputs` config and the prompts file it has read; a cell
+turns it into token ids with the model's tokenizer (`prompts.py`). Each cell's own kind (`random`,
+`passkey` or `file:<name>`) is the cell's `inputs` field, chosen per model (`driver/inputs_choice.py`).
+"""
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RANDOM, PASSKEY, FILE = "random", "passkey", "file"
+AUTO = "auto"
+SOURCES = (AUTO, RANDOM, PASSKEY, FILE)
+FILE_PREFIX = "file:"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    depths: tuple[float, ...]  # passkey: where the needles sit, as a share of the context
+    chat_template: bool  # wrap prompts in the tokenizer's chat template when it has one
+    quality_trials: int  # task prompts a cell answers after its timed calls (at least; whole batches)
+    file_name: str = ""  # source=file: the prompts file's name (the `inputs` param says `file:<name>`)
+    file_sha256: str = ""  # ...and its bytes' hash: a changed file is a new cell
+    records: tuple[dict[str, Any], ...] = ()  # ...and its prompts as read (`prompt_file.read_prompt_file`)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "InputSpec":
+        return cls(**{**data, "depths": tuple(data["depths"]), "records": tuple(data.get("records", ()))})
+
+    def identity(self) -> dict[str, Any]:
+        """What a text-fed cell's id hashes: everything that changes the prompts, the file by its hash."""
+        return {
+            "depths": list(self.depths),
+            "chat_template": self.chat_template,
+            "quality_trials": self.quality_trials,
+            "file_sha256": self.file_sha256,
+        }
+
+
+def kind_of(inputs: str) -> str:
+    """`random`, `passkey` or `file` from a cell's `inputs` field (`file:prompts.jsonl` is a file)."""
+    return FILE if inputs.startswith(FILE_PREFIX) else inputs

@@ -1,0 +1,178 @@
+"""Does a strategy still do the job? Its task accuracy against dynamic's, its KL from dynamic, and flags.
+
+A cell fed text answers task prompts (passkey needles or a prompts file) after its timed calls; its
+accuracy carries an exact 95% binomial interval. Against dynamic's cell of the same group:
+- within `max_accuracy_drop` of dynamic's accuracy: *ok*;
+- further below, with the two intervals apart: *loss*, the strategy is refused;
+- further below, but the intervals overlap: *undecided*, refused too, because a few dozen prompts
+  cannot tell that drop from luck (more `measure.quality_trials` can).
+A mean teacher-forced KL from dynamic above `max_kl` refuses a strategy as well. Token agreement is
+reported only: greedy tokens diverge after one near-tie, which says little about the answers. On a
+random-weight preset (shape-only) no task runs and KL says little, so everything there is a flag.
+
+Pure functions over results (no torch, no MLflow): the selection, the report and the
+`kvsweep.quality_loss` tag all read the same verdict.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvsweep.names import ACCURACIES, PASSKEY_DEPTH_PREFIX, Metric, ResultTag, ci_high, ci_low
+from kvsweep.results import CellResult
+
+OK_VERDICT, LOSS, UNDECIDED = "ok", "loss", "undecided"
+LOSS_TAG_VALUES = {OK_VERDICT: "false", LOSS: "true", UNDECIDED: "undecided"}
+TASK_NAMES = {Metric.PASSKEY_ACCURACY: "passkey", Metric.ANSWER_ACCURACY: "answers"}
+# Shares are counts over trials and the limit a decimal: 0.90 - 0.85 is 0.05000000000000004 in floats.
+SHARE_TOLERANCE = 1e-9
+UNDECIDED_ADVICE = "undecided, run more measure.quality_trials"
+REFUSED_ADVICE = "quality below dynamic's here: keep dynamic (for a quantized cache, try more bits)"
+AGREEMENT_PREFIX = "token agreement"
+SHAPE_ONLY_FLAG = "shape-only (random weights): no task run, quality only flagged"
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A cell's task accuracy and its 95% interval (a point where a result has no interval)."""
+
+    metric: str
+    value: float
+    low: float
+    high: float
+
+    @property
+    def task(self) -> str:
+        return TASK_NAMES.get(self.metric, self.metric)
+
+    def text(self) -> str:
+        """'0.31 [0.11-0.59]'."""
+        return f"{self.value:.2f} [{self.low:.2f}-{self.high:.2f}]"
+
+
+@dataclass(frozen=True)
+class TaskVerdict:
+    verdict: str  # ok | loss | undecided
+    mine: Accuracy
+    dynamic: Accuracy
+    context: int
+
+    def text(self) -> str:
+        """'passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 32768'."""
+        return f"{self.mine.task} {self.mine.text()} vs dynamic {self.dynamic.text()} at ctx {self.context}"
+
+    def reason(self) -> str:
+        """Why the strategy is refused ('' when it is not)."""
+        if self.verdict == LOSS:
+            return f"{self.text()}: quality loss"
+        if self.verdict == UNDECIDED:
+            return f"{self.text()}: {UNDECIDED_ADVICE}"
+        return ""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What quality says about one cell that ran: its task verdict, why it may not be picked, what to flag."""
+
+    task: TaskVerdict | None = None
+    refusals: tuple[str, ...] = ()  # any of them keeps the strategy from being picked
+    flags: tuple[str, ...] = ()  # reported, never deciding
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.refusals)
+
+    @property
+    def drift(self) -> tuple[str, ...]:
+        """The token-agreement flag, if any (the one quality flag the decision's line repeats)."""
+        return tuple(flag for flag in self.flags if flag.startswith(AGREEMENT_PREFIX))
+
+    @property
+    def advice(self) -> str:
+        if not self.refused:
+            return ""
+        return REFUSED_ADVICE if self.task is None or self.task.verdict == LOSS else ""
+
+
+def _finite(metrics: Mapping[str, float], name: str) -> float | None:
+    value = metrics.get(name)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def task_accuracy(metrics: Mapping[str, float]) -> Accuracy | None:
+    """The cell's task accuracy (passkey or a prompts file's answers), None when it answered no task."""
+    for metric in ACCURACIES:
+        value = _finite(metrics, metric)
+        if value is not None:
+            low, high = _finite(metrics, ci_low(metric)), _finite(metrics, ci_high(metric))
+            return Accuracy(metric, value, value if low is None else low, value if high is None else high)
+    return None
+
+
+def depth_accuracies(metrics: Mapping[str, float]) -> list[tuple[int, float]]:
+    """Passkey accuracy per needle depth (percent of the context), shallowest first."""
+    depths = []
+    for name, value in metrics.items():
+        suffix = name.removeprefix(PASSKEY_DEPTH_PREFIX)
+        if suffix != name and suffix.isdigit() and math.isfinite(value):
+            depths.append((int(suffix), float(value)))
+    return sorted(depths)
+
+
+def task_verdict(result: CellResult, dynamic: CellResult | None, max_accuracy_drop: float) -> TaskVerdict | None:
+    """ok within the drop; loss when further below with the intervals apart; undecided when they overlap.
+
+    None without a dynamic cell, without an accuracy on either, or when they answered different tasks."""
+    if dynamic is None or result is dynamic:
+        return None
+    mine, theirs = task_accuracy(result.metrics), task_accuracy(dynamic.metrics)
+    if mine is None or theirs is None or mine.metric != theirs.metric:
+        return None
+    if theirs.value - mine.value <= max_accuracy_drop + SHARE_TOLERANCE:
+        verdict = OK_VERDICT
+    elif mine.high < theirs.low:
+        verdict = LOSS
+    else:
+        verdict = UNDECIDED
+    return TaskVerdict(verdict, mine, theirs, int(result.cell.context_length))
+
+
+def kl_text(metrics: Mapping[str, float], max_kl: float) -> str:
+    """'KL 0.066 nats > 0.02 from dynamic' when the mean teacher-forced KL exceeds the limit, else ''."""
+    kl = _finite(metrics, Metric.KL_DIVERGENCE)
+    return f"KL {kl:.3g} nats > {max_kl:g} from dynamic" if kl is not None and kl > max_kl else ""
+
+
+def agreement_text(metrics: Mapping[str, float], min_token_agreement: float) -> str:
+    """'token agreement 0.40 < 0.90' when greedy tokens agree with dynamic's less than the threshold, else ''."""
+    agreement = _finite(metrics, Metric.TOKEN_AGREEMENT)
+    if agreement is None or agreement >= min_token_agreement:
+        return ""
+    return f"{AGREEMENT_PREFIX} {agreement:.2f} < {min_token_agreement:.2f}"
+
+
+def judge(
+    result: CellResult,
+    dynamic: CellResult | None,
+    *,
+    max_accuracy_drop: float,
+    max_kl: float,
+    min_token_agreement: float,
+) -> Gate:
+    """The gate for one cell that ran, against dynamic's cell that ran in its group (None: no such cell)."""
+    shape_only = result.tags.get(ResultTag.SHAPE_ONLY) == "true"
+    kl = kl_text(result.metrics, max_kl)
+    agreement = agreement_text(result.metrics, min_token_agreement)
+    flags = [agreement] if agreement else []
+    if shape_only:
+        return Gate(flags=(*([kl] if kl else []), *flags, SHAPE_ONLY_FLAG))
+    task = task_verdict(result, dynamic, max_accuracy_drop)
+    refusals = [reason for reason in (task.reason() if task else "", kl) if reason]
+    return Gate(task, tuple(refusals), tuple(flags))
+
+
+def loss_tag(gate: Gate) -> dict[str, str]:
+    """`kvsweep.quality_loss`: true (loss), undecided, false (ok); no tag without a task verdict."""
+    if gate.task is None:
+        return {}
+    return {ResultTag.QUALITY_LOSS: LOSS_TAG_VALUES[gate.task.verdict]}
