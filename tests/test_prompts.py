@@ -183,6 +183,7 @@ def test_answers_match_after_normalising_the_first_line_only():
     assert exact_match("$1,240.00", "$1,240.00") and exact_match("1240.00", "$1,240.00")
     assert not exact_match("Paris, France", "Paris")
     assert not exact_match("It is Paris.", "Paris")
+    assert exact_match(" 58213. Remember it. 58213 is", "58213") and exact_match("3.10 exactly", "3.10") is False
 
 
 def test_a_pass_key_is_the_first_number_of_the_answer():

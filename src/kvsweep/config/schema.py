@@ -168,7 +168,7 @@ class ReportConfig:
         0.05, "refuse caches whose task accuracy is below dynamic's by more than this (intervals apart)", SHARE
     )
     max_kl: float = _help(
-        0.02, "refuse caches whose mean teacher-forced KL from dynamic exceeds this many nats", POSITIVE
+        0.005, "refuse caches whose mean teacher-forced KL from dynamic exceeds this many nats", POSITIVE
     )
 
 
