@@ -4,9 +4,9 @@ stage has not run, instead of an AttributeError deep inside it. No Ray: nothing 
 import io
 
 import pytest
-from kvsweep.driver.inputs_choice import choose_inputs
 
 from kvsweep.config.schema import KvSweepConfig
+from kvsweep.driver.inputs_choice import choose_inputs
 from kvsweep.driver.sweep import StageNotRun, SweepRun
 from kvsweep.driver.sweep_end import finish
 from kvsweep.testing.seams import Seams
