@@ -32,6 +32,12 @@ RANGES = {
     "measure.target_rel_ci": (["-0.01"], "0"),
     "measure.max_duration_s": (["-1"], "0"),
     "measure.quality_trials": (["-1"], "0"),
+    "measure.device_memory_limit_gb": (["-0.5"], "0"),
+    "search.max_batch": (["0"], "1"),
+    "search.max_context": (["-1"], "0"),
+    "search.context_step": (["0"], "1"),
+    "slo.tpot_ms": (["-1"], "0"),
+    "slo.ttft_ms": (["-1"], "0"),
     "inputs.depths": (["[-0.1]", "[1.5]"], "[1]"),
     "ray.gpus_per_cell": (["0"], "1"),
     "ray.cpus_per_cell": (["-1"], "0"),
@@ -47,6 +53,7 @@ RANGES = {
     "report.min_token_agreement": (["-0.1", "1.1"], "1"),
     "report.max_accuracy_drop": (["-0.1", "1.1"], "1"),
     "report.max_kl": (["0", "-0.5"], "0.001"),
+    "report.gpu_hour_cost": (["-2"], "0"),
 }
 
 

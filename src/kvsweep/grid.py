@@ -54,6 +54,7 @@ RULES_OFF: dict[str, Any] = {
     "max_discarded": 0,
     "target_rel_ci": 0.0,
     "max_duration_s": 0.0,
+    "device_memory_limit_gb": 0.0,
 }
 
 
@@ -72,6 +73,7 @@ class MeasureProtocol:
     max_discarded: int  # contended calls re-run per cell
     target_rel_ci: float  # keep measuring until each 95% interval is within +-this of its median; 0 = off
     max_duration_s: float  # time cap on the measured phase; 0 = none
+    device_memory_limit_gb: float  # the cell runs as if its device had this many GB (1e9 bytes); 0 = none
     inputs: InputSpec  # what text-fed cells are given (depths, template, trials, the prompts file)
 
     @classmethod

@@ -7,6 +7,7 @@ that a real sweep logs exactly what is declared here.
 """
 
 REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
+CAPACITY_CSV = "capacity.csv"  # the run folder's capacity frontiers, one row each, logged on the parent as is
 
 
 def _values(namespace: type) -> tuple[str, ...]:
@@ -29,6 +30,11 @@ class ResultTag:
     HOST_PEAK = "kvsweep.host_peak"  # how the host peak was taken
     QUALITY_LOSS = "kvsweep.quality_loss"  # true | false | undecided: task accuracy against dynamic's
     INPUTS_REASON = "kvsweep.inputs_reason"  # why the cell got these inputs (auto's choice, a failed tokenizer)
+    SEARCH = "kvsweep.search"  # batch | context | batch+context: the capacity searches that asked for this probe
+    FRONTIER = "kvsweep.frontier"  # max_batch | max_context | both, on the probe at a frontier (sweep end)
+    FRONTIER_LIMIT = "kvsweep.frontier_limit"  # what stopped that frontier: memory, slo_tpot, search.max_batch ...
+    ENERGY = "kvsweep.energy"  # why joules_per_token is missing: "unknown: <reason>"
+    MEMORY_LIMIT = "kvsweep.memory_limit"  # how measure.device_memory_limit_gb was applied in the cell
 
 
 class RunTag:
@@ -96,6 +102,7 @@ class Metric:
     TASK_TRIALS = "task_trials"  # prompts answered behind the accuracy
     QUALITY_CHECK_S = "quality_check_s"  # seconds the cell spent on its quality checks (task, agreement, KL)
     CELL_WALL_S = "cell_wall_s"
+    JOULES_PER_TOKEN = "joules_per_token"  # device energy (NVML) over the measured calls / tokens they generated
 
 
 TIMED = (Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS)  # medians that carry a 95% interval

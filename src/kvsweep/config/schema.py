@@ -111,6 +111,12 @@ class MeasureConfig:
     quality_trials: int = _help(
         16, "task prompts (passkey or file) each cell answers after its timed calls, at least; 0 = none", AT_LEAST_0
     )
+    device_memory_limit_gb: float = _help(
+        0.0,
+        "run each cell as if its device had this many GB (1e9 bytes): on CUDA torch's allocator is capped, on "
+        "CPU the cell process's data segment past what it holds at start; the planner fits cells to it; 0 = none",
+        AT_LEAST_0,
+    )
 
 
 @dataclass
@@ -170,6 +176,43 @@ class ReportConfig:
     max_kl: float = _help(
         0.005, "refuse caches whose mean teacher-forced KL from dynamic exceeds this many nats", POSITIVE
     )
+    gpu_hour_cost: float = _help(
+        0.0,
+        "price of one GPU-hour: turns capacity goodput into cost per 1M output tokens; 0 = no cost line",
+        AT_LEAST_0,
+    )
+
+
+@dataclass
+class SearchConfig:
+    batch: bool = _help(
+        False, "find each cache's largest batch that fits and meets the SLO, per context (replaces grid.batch_sizes)"
+    )
+    contexts: bool = _help(
+        False,
+        "find each cache's largest context that fits and meets the SLO, per batch (replaces grid.context_lengths)",
+    )
+    max_batch: int = _help(256, "the batch search's ceiling: a frontier that reaches it ends there", AT_LEAST_1)
+    max_context: int = _help(
+        0, "the context search's ceiling; 0 = the model's positions less max_new_tokens", AT_LEAST_0
+    )
+    context_step: int = _help(
+        1024, "the context search's resolution: every probed context is a multiple of this", AT_LEAST_1
+    )
+
+
+@dataclass
+class SloConfig:
+    tpot_ms: float = _help(
+        0.0,
+        "a search probe meets the SLO when its tpot_ms 95% interval's upper end is at most this; 0 = none",
+        AT_LEAST_0,
+    )
+    ttft_ms: float = _help(
+        0.0,
+        "a search probe meets the SLO when its ttft_ms 95% interval's upper end is at most this; 0 = none",
+        AT_LEAST_0,
+    )
 
 
 @dataclass
@@ -183,6 +226,8 @@ class KvSweepConfig:
     dry_run: bool = _help(False, "print the grid and plan, start nothing")
     rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")
     infer_oom: bool = _help(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
+    search: SearchConfig = field(default_factory=SearchConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     ray: RayConfig = field(default_factory=RayConfig)

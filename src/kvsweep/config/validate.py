@@ -42,6 +42,7 @@ def validate(cfg: dict[str, Any]) -> None:
     if cfg["report"]["rank_by"] not in RANK_BY:
         rank_by = cfg["report"]["rank_by"]
         raise ConfigError(f"report.rank_by: unknown metric {rank_by!r}; allowed: {', '.join(RANK_BY)}")
+    _validate_search(cfg["search"], cfg["slo"])
     if not cfg["mlflow"]["experiment"].strip():
         raise ConfigError("mlflow.experiment is empty; give an experiment name")
 
@@ -95,3 +96,14 @@ def _validate_measure(m: dict[str, Any]) -> None:
             f"measure.max_duration_s ({m['max_duration_s']}) is below measure.min_duration_s "
             f"({m['min_duration_s']}); raise it or use 0 (no cap)"
         )
+
+
+def _validate_search(search: dict[str, Any], slo: dict[str, Any]) -> None:
+    """An SLO only decides where a search stops: set without one it would change nothing, silently."""
+    if search["batch"] or search["contexts"]:
+        return
+    for key, value in slo.items():
+        if value > 0:
+            raise ConfigError(
+                f"slo.{key} is set but no search is on; it decides where search.batch=true or search.contexts=true stop"
+            )

@@ -153,5 +153,6 @@ def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec) -> MeasureProt
         max_discarded=m.max_discarded,
         target_rel_ci=m.target_rel_ci,
         max_duration_s=m.max_duration_s,
+        device_memory_limit_gb=m.device_memory_limit_gb,
         inputs=inputs,
     )

@@ -11,13 +11,13 @@ from mlflow.entities import Run
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import REPORT_DIR, Metric, ResultTag, RunTag
+from kvsweep.names import CAPACITY_CSV, REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.results import CellResult
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.credentials import sync_tracking_uri
 from kvsweep.tracking.journal import Journal, SweepHeader
 
-SWEEP_FILES = ("plan.txt", "results.csv", "results.txt")  # logged on the parent run from the run folder
+SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", CAPACITY_CSV)  # logged on the parent run from the run folder
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
