@@ -102,6 +102,9 @@ class Metric:
     TASK_TRIALS = "task_trials"  # prompts answered behind the accuracy
     QUALITY_CHECK_S = "quality_check_s"  # seconds the cell spent on its quality checks (task, agreement, KL)
     CELL_WALL_S = "cell_wall_s"
+    PREDICTED_MAX_BATCH = "predicted_max_batch"  # a batch search's probe: the planner's largest batch that fits
+    PREDICTED_MAX_CONTEXT = "predicted_max_context"  # a context search's probe: the planner's longest context
+    SEARCH_MAX_CONTEXT = "search_max_context"  # a context search's probe: the longest context it may probe
     JOULES_PER_TOKEN = "joules_per_token"  # device energy (NVML) over the measured calls / tokens they generated
 
 

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
+from kvsweep.driver.capacity_search import plan_searches, search_text
 from kvsweep.plan.memory import local_gpu_bytes
-from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text
+from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of
 from kvsweep.redact import redact_text
 
 if TYPE_CHECKING:
@@ -29,8 +30,14 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
         cfg.device if cfg.device != "auto" else ray_session.resolve_device("auto", cluster_resources(cfg.ray.address))
     )
     limits = plan_limits(cfg, device, inputs.spec)
-    planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
-    text = plan_text(planned, problems, device, limits)
+    if cfg.search.batch or cfg.search.contexts:
+        protocol = protocol_of(cfg.measure, device, inputs.spec)
+        searches, problems = plan_searches(cfg, device, limits, protocol, inputs.by_model)
+        text = "\n".join(search_text(searches))
+        text += "\n\nfirst probes: " + plan_text(searches.first_probes(), problems, device, limits)
+    else:
+        planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
+        text = plan_text(planned, problems, device, limits)
     fed = "\n".join(inputs.lines())
     print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}"), file=out or sys.stdout)
     return 0

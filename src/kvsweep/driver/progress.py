@@ -59,6 +59,11 @@ class SweepProgress:
         detail = f"tpot {result.metrics[Metric.TPOT_MS]:.2f} ms" if Metric.TPOT_MS in result.metrics else result.error
         self._print(f"{self.line()} | {result.status}: {self.label(result.cell)} {detail[:120]}")
 
+    def expect(self, cells: int, runs: int) -> None:
+        """Cells the plan did not list (a capacity search's next probes), counted once they are asked for."""
+        self.total += cells
+        self.to_run += runs
+
     def resumed(self, result: CellResult, counts_as_run: bool) -> None:
         """A result an earlier invocation already logged: counted, not printed, not in the ETA."""
         self.counts[result.status] += 1

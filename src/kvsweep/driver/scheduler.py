@@ -70,6 +70,7 @@ class _Hooks:
     on_start: Callable[[Job], None]
     admit: Callable[[Job], CellResult | None]
     on_wait: Callable[[Job, str], None]
+    follow_up: Callable[[CellResult], list[Job]]
 
 
 @dataclass
@@ -116,10 +117,12 @@ class CellScheduler:
         on_start: Callable[[Job], None] = lambda job: None,
         admit: Callable[[Job], CellResult | None] = lambda job: None,
         on_wait: Callable[[Job, str], None] = lambda job, text: None,
+        follow_up: Callable[[CellResult], list[Job]] = lambda result: [],
     ) -> None:
         """`on_start`: a job's actor was made; `admit`: a result for a job without running it, or None;
-        `on_wait`: a line to show once a job is left waiting for Ray's memory (and lends its place)."""
-        hooks = _Hooks(on_result, on_start, admit, on_wait)
+        `on_wait`: a line to show once a job is left waiting for Ray's memory (and lends its place);
+        `follow_up`: the jobs a result calls for (a capacity search's next probe), queued behind the rest."""
+        hooks = _Hooks(on_result, on_start, admit, on_wait, follow_up)
         waiting: deque[Job] = deque(jobs)
         try:
             while waiting or self.running:
@@ -145,6 +148,7 @@ class CellScheduler:
                     self._start_next(waiting, hooks)
                 for result in results:
                     on_result(result)
+                    waiting.extend(follow_up(result))
         finally:
             self._drop_spares()
 
@@ -181,6 +185,7 @@ class CellScheduler:
             answered = hooks.admit(job)
             if answered is not None:
                 hooks.on_result(answered)
+                waiting.extend(hooks.follow_up(answered))
                 continue
             ask = self._memory_ask(job)
             actor, placing = self._actor(memory=ask)

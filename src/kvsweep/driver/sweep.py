@@ -28,6 +28,7 @@ from kvsweep.testing.seams import Seams
 from kvsweep.tracking.journal import Journal, SweepHeader
 
 if TYPE_CHECKING:
+    from kvsweep.driver.capacity_search import CapacitySearches
     from kvsweep.driver.inputs_choice import InputsChoice
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
@@ -45,6 +46,9 @@ def sweep_key(cfg: KvSweepConfig) -> str:
     whole, defaults = asdict(cfg), asdict(KvSweepConfig())
     identity = {k: whole[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
     identity["experiment"] = cfg.mlflow.experiment
+    for key in ("search", "slo"):  # only where a search is asked for: older sweeps keep their keys
+        if whole[key] != defaults[key]:
+            identity[key] = whole[key]
     if whole["inputs"] != defaults["inputs"]:
         identity["inputs"] = whole["inputs"]
     if cfg.measure.quality_trials == defaults["measure"]["quality_trials"]:
@@ -105,8 +109,9 @@ class Planned:
     """What `plan` produces (`prebuild` replaces it with the cells its native builds changed)."""
 
     protocol: MeasureProtocol
-    cells: list[PlannedCell]
+    cells: list[PlannedCell]  # a capacity search's: each search's first probe (it plans the others as it goes)
     problems: dict[str, str]  # model -> why none of its cells can run
+    searches: "CapacitySearches | None" = None  # search.batch / search.contexts: the frontiers to find
 
     @cached_property
     def by_id(self) -> dict[str, PlannedCell]:
@@ -194,13 +199,23 @@ class SweepRun:
         self._connected = Connected(session, device, needs, launch_templates() if ray_cfg.fork_cells else None)
 
     def plan(self) -> None:
-        device = self.connected.device
-        spec = self.inputs.spec
-        limits = plan_limits(self.cfg, device, spec)
-        cells, problems = plan_sweep(self.cfg, device, limits, self.inputs.by_model)
-        self._planned = Planned(protocol_of(self.cfg.measure, device, spec), cells, problems)
+        from kvsweep.driver.capacity_search import plan_searches, search_text
+
+        device, spec, cfg = self.connected.device, self.inputs.spec, self.cfg
+        limits = plan_limits(cfg, device, spec)
+        protocol = protocol_of(cfg.measure, device, spec)
+        searches = None
+        if cfg.search.batch or cfg.search.contexts:
+            searches, problems = plan_searches(cfg, device, limits, protocol, self.inputs.by_model)
+            cells = searches.first_probes()
+        else:
+            cells, problems = plan_sweep(cfg, device, limits, self.inputs.by_model)
+        self._planned = Planned(protocol, cells, problems, searches)
+        text = plan_text(cells, problems, device, limits)
+        if searches is not None:
+            text = "\n".join(search_text(searches)) + "\n\nfirst probes: " + text
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "plan.txt").write_text(redact_text(plan_text(cells, problems, device, limits)))
+        (self.run_dir / "plan.txt").write_text(redact_text(text))
 
     def open_tracking(self) -> None:
         """The journal first (results are on disk before MLflow sees them), then the MLflow sink."""
@@ -215,6 +230,9 @@ class SweepRun:
             "trust_remote_code": cfg.trust_remote_code,
             **{f"measure.{k}": v for k, v in asdict(cfg.measure).items()},
             **{f"report.{k}": v for k, v in asdict(cfg.report).items()},
+            **{f"search.{k}": v for k, v in asdict(cfg.search).items()},
+            **{f"slo.{k}": v for k, v in asdict(cfg.slo).items()},
+            "ray.gpus_per_cell": cfg.ray.gpus_per_cell,
         }
         header = SweepHeader(
             cfg.name,
@@ -244,6 +262,8 @@ class SweepRun:
         pending = [p for p in planned.cells if cell_id(p.cell, planned.protocol) not in done]
         after = dict(zip(map(id, pending), prebuild(pending, self.connected.device, self.say), strict=True))
         self._planned = replace(planned, cells=[after.get(id(p), p) for p in planned.cells])
+        if planned.searches is not None:  # a search's first probes: the search plans from its own copy
+            planned.searches.planned.update({cell_id(p.cell, planned.protocol): p for p in after.values()})
 
     def queue(self) -> list["Job"]:
         """Resume what has results, record what will not run, and queue the rest (small cells first)."""
@@ -251,6 +271,9 @@ class SweepRun:
 
         planned, tracking = self.planned, self.tracking
         done, problems = tracking.done, planned.problems
+        if planned.searches is not None:
+            self._progress = SweepProgress(0, 0, self.out, tracking.header.model_names)
+            return self._queue_searches(planned.searches)
         to_run = sum(p.runs and p.cell.model not in problems for p in planned.cells)
         progress = SweepProgress(len(planned.cells), to_run, self.out, tracking.header.model_names)
         self._progress = progress
@@ -274,10 +297,55 @@ class SweepRun:
             )
         return sorted(jobs, key=size_order)  # small before large, so an OOM can spare the larger cells
 
+    def _queue_searches(self, searches: "CapacitySearches") -> list["Job"]:
+        """Each search's first probe to run, after replaying what an earlier run measured (resume)."""
+        planned, progress, done = self.planned, self.progress, self.tracking.done
+
+        def skipped(result: CellResult) -> None:
+            progress.expect(1, 0)
+            self.record(result, ran=False)
+
+        def resumed(result: CellResult) -> None:
+            progress.expect(1, 0)
+            self.results.append(result)
+            self.pruner.observe(result)
+            progress.resumed(result, counts_as_run=False)
+
+        for p in planned.cells:  # a model that cannot be read: its searches end at their first probe
+            cid = cell_id(p.cell, planned.protocol)
+            if p.cell.model in planned.problems and cid not in done:
+                searches.known[cid] = CellResult(cid, p.cell, ERROR, error=planned.problems[p.cell.model])
+                progress.expect(1, 0)
+                self.record(searches.known[cid], ran=False)
+        jobs = searches.start(done, skipped, resumed)
+        progress.expect(len(jobs), len(jobs))
+        if progress.done:
+            self.say(f"resuming: {progress.done} probes already have results; rerun=true starts afresh")
+        return jobs
+
+    def follow_up(self, result: CellResult) -> list["Job"]:
+        """A capacity search's next probes after this result (none in a plain sweep)."""
+        searches = self.planned.searches
+        if searches is None:
+            return []
+        jobs = searches.follow_up(result)
+        self.progress.expect(len(jobs), len(jobs))
+        return jobs
+
+    def planned_cell(self, cid: str) -> PlannedCell:
+        """A cell's plan: from the sweep's plan, or a search's probe planned as the search asked for it."""
+        searches = self.planned.searches
+        if searches is not None and cid in searches.planned:
+            return searches.planned[cid]
+        return self.planned.by_id[cid]
+
     def record(self, result: CellResult, ran: bool = True) -> None:
         """One result: redacted, journaled (on disk before MLflow sees it), then sent and shown."""
-        progress, tracking = self.progress, self.tracking
-        result.metrics.update(predicted_metrics(self.planned.by_id[result.cell_id]))
+        progress, tracking, searches = self.progress, self.tracking, self.planned.searches
+        result.metrics.update(predicted_metrics(self.planned_cell(result.cell_id)))
+        if searches is not None and (axes := searches.tag_value(result.cell_id)):
+            result.tags[ResultTag.SEARCH] = axes
+            result.metrics.update(searches.probe_metrics(result.cell_id))
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
@@ -325,7 +393,14 @@ class SweepRun:
         interrupts = SignalInterrupts()
         try:
             with interrupts, progress.shown():
-                scheduler.run(jobs, self.record, started, self.pruner.admit, on_wait=lambda job, text: self.say(text))
+                scheduler.run(
+                    jobs,
+                    self.record,
+                    started,
+                    self.pruner.admit,
+                    on_wait=lambda job, text: self.say(text),
+                    follow_up=self.follow_up,
+                )
         except KeyboardInterrupt:
             with interrupts_ignored():
                 killed = scheduler.kill_all()

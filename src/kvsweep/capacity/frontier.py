@@ -1,0 +1,156 @@
+"""Frontiers from results: for each family and fixed size, the largest batch (or context) that passed.
+
+A frontier is rebuilt from its probes' results alone (the live sweep and `kvsweep report` from MLflow
+do the same), replaying `Stepping` over them: the value where the replay stops is the frontier, and the
+probe above it says why it stops there.
+"""
+
+from dataclasses import dataclass
+
+from kvsweep.capacity.stepping import Stepping
+from kvsweep.capacity.verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, Verdict, probe_verdict
+from kvsweep.grid import Cell, strategy_label
+from kvsweep.names import Metric, ResultTag
+from kvsweep.results import SKIPPED, CellResult
+
+BATCH, CONTEXT = "batch", "context"  # the axis a frontier searches (`kvsweep.search`)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What a search was asked: its ceilings, the context search's resolution and the SLO."""
+
+    slo: Slo
+    max_batch: int
+    context_step: int
+    max_context: int  # 0: each model's positions less the new tokens (the driver knows it; a probe says it)
+
+
+@dataclass(frozen=True)
+class FrontierKey:
+    """One search: a cell family at a fixed size on the other axis (a context for a batch search)."""
+
+    axis: str
+    model: str
+    dtype: str
+    cache: str
+    compile: bool
+    max_new_tokens: int
+    inputs: str
+    fixed: int  # context_length of a batch search, batch_size of a context search
+
+    @classmethod
+    def of(cls, cell: Cell, axis: str) -> "FrontierKey":
+        fixed = cell.context_length if axis == BATCH else cell.batch_size
+        return cls(axis, cell.model, cell.dtype, cell.cache, cell.compile, cell.max_new_tokens, cell.inputs, fixed)
+
+    def cell(self, value: int) -> Cell:
+        """The probe at `value`: a batch size, or a context length in tokens."""
+        context, batch = (self.fixed, value) if self.axis == BATCH else (value, self.fixed)
+        return Cell(self.model, self.dtype, context, batch, self.max_new_tokens, self.cache, self.compile, self.inputs)
+
+    def value(self, cell: Cell) -> int:
+        return cell.batch_size if self.axis == BATCH else cell.context_length
+
+    @property
+    def strategy(self) -> str:
+        return strategy_label(self.cell(1))
+
+
+@dataclass(frozen=True)
+class Frontier:
+    key: FrontierKey
+    value: int  # max_batch or max_context; 0 when not even the smallest probe passed
+    limit: str  # memory | slo_tpot | slo_ttft | search.max_batch | search.max_context | skipped | error | unfinished
+    detail: str  # the numbers behind the limit
+    at: CellResult | None  # the probe at the frontier (None when nothing passed)
+    predicted: int | None  # the planner's boundary for the same limit (memory); None: unknown
+    probes: int  # probes that ran (inferred OOMs and skips not counted)
+    limited_by: CellResult | None = None  # the probe just past the frontier
+    results: tuple[CellResult, ...] = ()  # every probe of this frontier's family and fixed size
+
+    @property
+    def goodput_tokens_per_s(self) -> float | None:
+        """Decode tokens per second of the whole batch at the frontier, where it meets the SLO."""
+        return None if self.at is None else self.at.metrics.get(Metric.DECODE_TOKENS_PER_S)
+
+
+def unit(key: FrontierKey, settings: SearchSettings) -> int:
+    return 1 if key.axis == BATCH else settings.context_step
+
+
+def ceiling(key: FrontierKey, settings: SearchSettings, positions: int | None) -> int:
+    """The search's top value, in the axis's own units: `search.max_batch`, or the longest context
+    `search.max_context` and the model's positions allow (in tokens, a multiple of the step)."""
+    if key.axis == BATCH:
+        return settings.max_batch
+    longest = settings.max_context or ((positions - key.max_new_tokens) if positions else 0)
+    if positions:
+        longest = min(longest, positions - key.max_new_tokens)
+    return max(longest // settings.context_step, 1) * settings.context_step
+
+
+def _recorded(probes: list[CellResult], metric: str) -> int | None:
+    """A figure the driver stamped on the search's probes (the first probe that has it)."""
+    return next((int(r.metrics[metric]) for r in probes if metric in r.metrics), None)
+
+
+def start_of(predicted: int | None, step: int) -> int:
+    """Where a search starts, in steps: at the predicted boundary, else at the smallest value."""
+    return max(predicted // step, 1) if predicted else 1
+
+
+def replay(
+    key: FrontierKey, settings: SearchSettings, by_value: dict[int, CellResult], top: int, start: int
+) -> tuple[Stepping, dict[int, Verdict]]:
+    """Walk the search over the results it has, in the order it asked for them; stop at the first it lacks."""
+    step = unit(key, settings)
+    stepping, verdicts = Stepping(top, start), {}
+    while (value := stepping.next_value()) is not None and value * step in by_value:
+        verdict = probe_verdict(by_value[value * step], settings.slo)
+        verdicts[value] = verdict
+        stepping.record(value, verdict.passes)
+        stepping.stopped = not verdict.decisive
+    return stepping, verdicts
+
+
+def frontier_of(key: FrontierKey, settings: SearchSettings, probes: list[CellResult]) -> Frontier:
+    """The frontier its probes show. The start and ceiling the search used are read back from the probes'
+    `predicted_*` and `search_ceiling` metrics, so the replay asks for the same values it did."""
+    step = unit(key, settings)
+    by_value = {key.value(r.cell): r for r in probes}
+    batch = key.axis == BATCH
+    predicted = _recorded(probes, Metric.PREDICTED_MAX_BATCH if batch else Metric.PREDICTED_MAX_CONTEXT)
+    top = settings.max_batch if batch else (_recorded(probes, Metric.SEARCH_MAX_CONTEXT) or settings.context_step)
+    stepping, verdicts = replay(key, settings, by_value, top // step, start_of(predicted, step))
+    best = stepping.best
+    at = by_value.get(best * step) if best else None
+    ran = sum(r.tags.get(ResultTag.INFERRED) != "true" and r.status != SKIPPED for r in probes)
+    above = stepping.lowest_failure
+    if best == top and not stepping.stopped:
+        limit, detail, past = (MAX_BATCH if key.axis == BATCH else MAX_CONTEXT), f"{best * step} reached", None
+    elif above in verdicts and above == best + 1:
+        limit, detail, past = verdicts[above].limit, verdicts[above].detail, by_value[above * step]
+    elif stepping.stopped:
+        value = list(verdicts)[-1]  # the probe that stopped it: the last one asked for
+        verdict = verdicts[value]
+        limit, detail, past = verdict.limit or FAILED, f"at {value * step}: {verdict.detail}", by_value[value * step]
+    else:
+        limit, detail, past = UNFINISHED, "the search was interrupted before its frontier was bracketed", None
+    return Frontier(key, best * step, limit, detail[:300], at, predicted, ran, past, tuple(probes))
+
+
+def frontiers(results: list[CellResult], settings: SearchSettings) -> list[Frontier]:
+    """Every frontier the results hold probes of. `kvsweep.search` names the searches that asked for a
+    probe first; a probe one search measured and another then read (where a batch and a context search
+    meet) counts for both, so every result of a searched family and fixed size is taken, whatever its tag."""
+    keys: dict[FrontierKey, list[CellResult]] = {}
+    for result in results:
+        for axis in result.tags.get(ResultTag.SEARCH, "").split("+"):
+            if axis in (BATCH, CONTEXT):
+                keys.setdefault(FrontierKey.of(result.cell, axis), [])
+    for result in results:
+        for axis in (BATCH, CONTEXT):
+            if (key := FrontierKey.of(result.cell, axis)) in keys:
+                keys[key].append(result)
+    return [frontier_of(key, settings, probes) for key, probes in keys.items()]

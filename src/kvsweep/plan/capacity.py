@@ -1,0 +1,45 @@
+"""Where the planner expects a capacity search to stop: the largest batch (or context) whose predicted
+peak fits the memory a cell is given. The search starts its probes there, and each frontier reports it
+beside the measured one: a check of the planner on every device it runs on.
+"""
+
+from collections.abc import Callable
+
+from kvsweep.caches import get_strategy
+from kvsweep.capacity.frontier import FrontierKey
+from kvsweep.models.facts import ModelFacts
+from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
+
+
+def memory_budget(device: str, device_bytes: int | None, limit_gb: float) -> int | None:
+    """Bytes a cell's predicted peak may take: the device (less CUDA's context) or `measure.device_memory_limit_gb`,
+    whichever is smaller; on the CPU only the limit counts (without it the host is not a budget to plan to)."""
+    limit = int(limit_gb * 1e9) if limit_gb > 0 else None
+    if device == "cuda":
+        sizes = [b - CUDA_CONTEXT_BYTES for b in (device_bytes, limit) if b]
+        return min(sizes) if sizes else None
+    return limit
+
+
+def predicted_boundary(
+    key: FrontierKey, facts: ModelFacts | None, budget: int | None, top: int, step: int
+) -> int | None:
+    """The largest value (a batch, or a context in multiples of `step`) up to `top` whose predicted peak fits
+    `budget`; 0 when not even the smallest does; None when it cannot be predicted (no budget, unknown size)."""
+    if budget is None or facts is None or facts.parameters is None:
+        return None
+    strategy, parameters, shape = get_strategy(key.cache), facts.parameters, facts.shape
+
+    def fits(value: int) -> bool:
+        return estimate_peak(key.cell(value * step), strategy, shape, parameters).peak_bytes <= budget
+
+    return _largest(fits, top // step) * step
+
+
+def _largest(fits: Callable[[int], bool], top: int) -> int:
+    """The largest v in 1..top with fits(v), for a `fits` that holds up to some value and fails after; 0: none."""
+    low, high = 0, top + 1  # fits(low) holds (or low = 0), fits(high) fails (or high = top + 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

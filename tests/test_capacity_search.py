@@ -1,0 +1,182 @@
+"""The capacity search's probes, checked against a known frontier (an oracle that fails above it).
+
+No Ray: the search is a pure function of the results it is given; here each result is made by hand
+from the oracle, so where the search ends can be compared with the frontier the oracle was built on.
+"""
+
+import math
+
+import pytest
+
+from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, frontier_of, frontiers
+from kvsweep.capacity.stepping import Stepping
+from kvsweep.capacity.verdict import MAX_BATCH, MEMORY, SLO_TPOT, UNFINISHED, Slo
+from kvsweep.config.compose import compose_config
+from kvsweep.driver.capacity_search import plan_searches
+from kvsweep.grid import MeasureProtocol, cell_id
+from kvsweep.names import Metric, ResultTag, ci_high
+from kvsweep.plan.sweep_plan import plan_limits
+from kvsweep.results import OK, OOM, CellResult
+
+
+def walk(ceiling: int, start: int, frontier: int) -> list[int]:
+    """Every value the search probes when exactly the values up to `frontier` pass."""
+    stepping, probed = Stepping(ceiling, start), []
+    while (value := stepping.next_value()) is not None:
+        assert value not in probed, f"probed {value} twice"
+        probed.append(value)
+        stepping.record(value, value <= frontier)
+    assert stepping.best == frontier
+    return probed
+
+
+@pytest.mark.parametrize("ceiling", [1, 7, 64])
+def test_the_search_ends_on_the_true_frontier_from_any_start(ceiling):
+    for frontier in range(ceiling + 1):
+        for start in range(1, ceiling + 1):
+            walk(ceiling, start, frontier)  # asserts the frontier it ends on
+
+
+def test_an_exact_prediction_costs_two_probes_and_one_at_the_ceiling():
+    assert walk(256, 24, 24) == [24, 25]
+    assert walk(256, 256, 256) == [256]
+    assert walk(256, 24, 23) == [24, 23]  # one too many predicted: one step down
+
+
+def test_without_a_prediction_the_search_doubles_then_bisects():
+    assert walk(256, 1, 40) == [1, 2, 4, 8, 16, 32, 64, 48, 40, 44, 42, 41]
+
+
+@pytest.mark.parametrize("error", [1, 3, 10, 50, 120])
+def test_a_wrong_prediction_costs_about_two_log2_of_its_error(error):
+    for frontier in (100 + error, max(100 - error, 0)):
+        probes = walk(256, 100, frontier)
+        assert len(probes) <= 2 * math.ceil(math.log2(error + 1)) + 2, (frontier, probes)
+
+
+SETTINGS = SearchSettings(Slo(tpot_ms=10.0), max_batch=16, context_step=64, max_context=0)
+
+
+def probe(key: FrontierKey, value: int, status: str = OK, tpot_high: float = 5.0, **metrics: float) -> CellResult:
+    cell = key.cell(value)
+    result = CellResult(f"id-{key.axis}-{value}", cell, status, tags={ResultTag.SEARCH: key.axis})
+    if status == OK:
+        result.metrics = {Metric.TPOT_MS: tpot_high - 1, ci_high(Metric.TPOT_MS): tpot_high, **metrics}
+        result.metrics.setdefault(Metric.DECODE_TOKENS_PER_S, 100.0 * value)
+    else:
+        result.metrics = dict(metrics)
+    return result
+
+
+KEY = FrontierKey(BATCH, "tiny-llama", "float32", "dynamic", False, 32, "random", 256)
+
+
+def test_a_frontier_is_rebuilt_from_its_probes_with_the_reason_it_stops():
+    # Predicted 6: the search asked 6 (ok), 7 (over the SLO at the interval's upper end, not the median).
+    probes = [
+        probe(KEY, 6, tpot_high=9.5, **{Metric.PREDICTED_MAX_BATCH: 6}),
+        probe(KEY, 7, tpot_high=10.5, **{Metric.PREDICTED_MAX_BATCH: 6}),
+    ]
+    found = frontier_of(KEY, SETTINGS, probes)
+    assert (found.value, found.limit, found.predicted, found.probes) == (6, SLO_TPOT, 6, 2)
+    assert found.goodput_tokens_per_s == 600.0 and found.at is probes[0] and found.limited_by is probes[1]
+
+
+def test_memory_the_ceiling_and_an_interrupted_search_are_told_apart():
+    oom = [probe(KEY, 1), probe(KEY, 2), probe(KEY, 4, status=OOM), probe(KEY, 3)]
+    assert (frontier_of(KEY, SETTINGS, oom).value, frontier_of(KEY, SETTINGS, oom).limit) == (3, MEMORY)
+    capped = [probe(KEY, v) for v in (1, 2, 4, 8, 16)]
+    assert (frontier_of(KEY, SETTINGS, capped).value, frontier_of(KEY, SETTINGS, capped).limit) == (16, MAX_BATCH)
+    cut = [probe(KEY, 1), probe(KEY, 2)]  # stopped before it found a failure
+    assert frontier_of(KEY, SETTINGS, cut).limit == UNFINISHED
+
+
+def test_a_context_frontier_counts_in_steps_of_the_context_step():
+    key = FrontierKey(CONTEXT, "tiny-llama", "float32", "dynamic", False, 32, "random", 2)
+    stamp = {Metric.SEARCH_MAX_CONTEXT: 1024, Metric.PREDICTED_MAX_CONTEXT: 512}
+    probes = [probe(key, 512, **stamp), probe(key, 576, status=OOM, **stamp)]  # 512 = 8 steps, then 9 steps
+    found = frontier_of(key, SETTINGS, probes)
+    assert (found.value, found.limit, found.predicted) == (512, MEMORY, 512)
+    assert [f.value for f in frontiers(probes, SETTINGS)] == [512]
+
+
+def searches_for(*overrides: str):
+    cfg = compose_config(["search.batch=true", "search.contexts=true", "search.max_batch=16", *overrides]).config
+    protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
+    searches, problems = plan_searches(cfg, "cpu", plan_limits(cfg, "cpu"), protocol, {})
+    assert not problems
+    return searches, protocol
+
+
+def oracle(max_batch: int, max_context: int):
+    """A result for any probe: OOM beyond batch x context of max_batch x 256 or past max_context."""
+
+    def result_for(job) -> CellResult:
+        cell = job.cell
+        fits = cell.batch_size * cell.context_length <= max_batch * 256 and cell.context_length <= max_context
+        status = OK if fits else OOM
+        metrics = {Metric.TPOT_MS: 1.0, Metric.DECODE_TOKENS_PER_S: float(cell.batch_size)} if fits else {}
+        return CellResult(job.cell_id, cell, status, metrics=metrics)
+
+    return result_for
+
+
+def run_searches(searches, result_for, done=None, stop_after: int | None = None) -> list[CellResult]:
+    """Drive the searches as the scheduler does: run each job, record its result, queue its follow-ups."""
+    ran: list[CellResult] = []
+    recorded: list[CellResult] = []
+
+    def record(result: CellResult) -> None:
+        result.tags[ResultTag.SEARCH] = searches.tag_value(result.cell_id)
+        result.metrics.update(searches.probe_metrics(result.cell_id))
+        recorded.append(result)
+
+    queue = searches.start(done or {}, record, recorded.append)
+    while queue and (stop_after is None or len(ran) < stop_after):
+        result = result_for(queue.pop(0))
+        ran.append(result)
+        record(result)
+        queue += searches.follow_up(result)
+    return ran, recorded
+
+
+def test_searches_replay_a_resumed_run_without_measuring_a_probe_twice():
+    # 'tiny-llama' on the CPU with no memory limit: nothing predicted, each search starts at its smallest size.
+    args = (
+        "grid.caches=[dynamic]",
+        "grid.dtypes=[float32]",
+        "grid.context_lengths=[256]",
+        "grid.batch_sizes=[2]",
+        "search.context_step=64",
+        "search.max_context=1024",
+    )
+    whole, _ = searches_for(*args)
+    ran, whole_results = run_searches(whole, oracle(max_batch=6, max_context=640))
+    found = {(f.key.axis, f.value, f.limit) for f in frontiers(whole_results, SETTINGS_FOR_ORACLE)}
+    assert found == {(BATCH, 6, MEMORY), (CONTEXT, 640, MEMORY)}  # 6 x 256; and 640 < 6 x 256 / 2
+    assert len({r.cell_id for r in ran}) == len(ran)  # every probe measured once
+    # Both searches ask for batch 2 at context 256: measured once, and a probe of each frontier.
+    assert [(r.cell.batch_size, r.cell.context_length) for r in ran].count((2, 256)) == 1
+    for found in frontiers(whole_results, SETTINGS_FOR_ORACLE):
+        assert any((p.cell.batch_size, p.cell.context_length) == (2, 256) for p in found.results)
+
+    cut, _ = searches_for(*args)
+    first, _ = run_searches(cut, oracle(6, 640), stop_after=3)
+    again, _ = searches_for(*args)
+    done = {r.cell_id: r for r in first}
+    rest, resumed_results = run_searches(again, oracle(6, 640), done=done)
+    assert not {r.cell_id for r in rest} & set(done)  # nothing measured before is measured again
+    assert sorted(r.cell_id for r in first + rest) == sorted(r.cell_id for r in ran)  # the same probes in all
+    assert {(f.key.axis, f.value) for f in frontiers(resumed_results + rest, SETTINGS_FOR_ORACLE)} == {
+        (BATCH, 6),
+        (CONTEXT, 640),
+    }
+
+
+SETTINGS_FOR_ORACLE = SearchSettings(Slo(), max_batch=16, context_step=64, max_context=1024)
+
+
+def test_probe_ids_are_the_cells_ids():
+    searches, protocol = searches_for("grid.context_lengths=[256]")
+    first = searches.first_probes()[0]
+    assert cell_id(first.cell, protocol) in searches.planned
