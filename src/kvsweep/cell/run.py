@@ -20,6 +20,7 @@ from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cu
 from kvsweep.cell.environment import describe_device, describe_host, start_device
 from kvsweep.cell.feed import feed_for
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
+from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
@@ -28,6 +29,7 @@ from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
+from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_tokens
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
@@ -77,7 +79,12 @@ def run_cell(
         result.environment.update(describe_host(protocol.device), threads_from=threads.source)  # threads: set above
         start_device(protocol.device, cuda_init_for(fault_for(cell.to_dict(), faults, during="start")))
         result.environment.update(describe_device(protocol.device))
-        _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
+        if protocol.device_memory_limit_gb > 0:
+            device_bandwidth(protocol.device)  # our probe's two buffers (per process): before the limit, not under it
+        with memory_limit(protocol.device, protocol.device_memory_limit_gb) as applied:  # lifted before the result
+            if applied is not None:
+                result.tags[ResultTag.MEMORY_LIMIT] = applied
+            _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
         record_failure(result, OOM if kind else ERROR, exc)
@@ -169,9 +176,16 @@ def _measure(
     sharing.check()  # before and after the measured phase
     niceness = int(result.environment.get("niceness", 0))
     compiled_before = compile_events() if cell.compile else 0
+    energy = EnergyMeter(nvml_energy_counter(device, result.environment.get("gpu_uuid")))
+    energy.start()
     phase = measure_phase(
-        lambda: session.call(strategy), lambda c: c.times, sampling_rules(protocol, niceness), HostMeter()
+        lambda: session.call(strategy),
+        lambda c: c.times,
+        sampling_rules(protocol, niceness),
+        HostMeter(),
+        energy.paused(time.sleep),
     )
+    _write(result, _energy_found(energy.per_token(phase_tokens(phase, lambda c: c.new_tokens.numel()))))
     recaptures = compile_events() - compiled_before if cell.compile else 0
     skips = cudagraph_skips() - skips_before if cell.compile else 0
     sharing.check()
@@ -254,6 +268,12 @@ def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingP
     environment = {"gpu_other_pids": ",".join(map(str, sorted(gpu.seen)))} if gpu is not None and gpu.seen else {}
     metrics = {**host.metrics(), Metric.DISCARDED_CALLS: float(len(phase.discarded))}
     return ResultPart(metrics, tags, environment)
+
+
+def _energy_found(energy: Energy) -> ResultPart:
+    if energy.joules_per_token is None:
+        return ResultPart(tags={ResultTag.ENERGY: f"unknown: {energy.unknown}"})
+    return ResultPart({Metric.JOULES_PER_TOKEN: energy.joules_per_token})
 
 
 def _quality_found(quality: QualityCheck) -> ResultPart:

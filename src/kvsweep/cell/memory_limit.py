@@ -1,0 +1,94 @@
+"""`measure.device_memory_limit_gb`: a cell runs as if its device had that many GB, failing where it would.
+
+The failure is the allocator's own, never a verdict computed from a prediction:
+- CUDA: torch's caching allocator refuses past a fraction of the GPU (`OutOfMemoryError`).
+- CPU: the kernel refuses past a data-segment limit (`RLIMIT_DATA`, which since Linux 4.7 counts the heap
+  and every private writable mapping: weights, KV cache, activations, new threads' stacks). The limit is
+  what the process held at the start plus the cell's GB, so only what the cell allocates counts. torch then
+  raises a `RuntimeError` ("can't allocate memory") and Python a `MemoryError`; `cell/oom.py` reads both
+  as OOM.
+
+The limit lasts only while the cell measures: it is lifted on the way out, whatever happened, so the
+process can still build and send its result, and a cell measured in a long-lived process (the actor's
+own, `ray.fork_cells=false`) leaves nothing behind.
+"""
+
+import re
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from kvsweep.units import GB
+
+# at::parallel_for splits work into chunks of this many elements (torch's GRAIN_SIZE): a warm-up needs one
+# chunk per thread to start them all.
+GRAIN_SIZE = 32768
+
+
+@contextmanager
+def memory_limit(device: str, limit_gb: float) -> Iterator[str | None]:
+    """Limits the device's memory for the with-block; yields how (the `kvsweep.memory_limit` tag), or None
+    when no limit is set."""
+    if limit_gb <= 0:
+        yield None
+    elif device == "cuda":
+        with cuda_fraction(int(limit_gb * GB)) as how:
+            yield how
+    else:
+        with data_segment_limit(int(limit_gb * GB)) as how:
+            yield how
+
+
+@contextmanager
+def cuda_fraction(limit_bytes: int) -> Iterator[str]:
+    """The caching allocator capped at limit/total of the cell's GPU (`start_device` has started CUDA)."""
+    index = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    if limit_bytes >= total:
+        yield f"cuda limit {limit_bytes / GB:.2f} GB is not below the device's {total / GB:.1f} GB: not capped"
+        return
+    torch.cuda.set_per_process_memory_fraction(limit_bytes / total, index)
+    try:
+        yield f"cuda fraction {limit_bytes / total:.3f} of {total / GB:.1f} GB"
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
+
+
+@contextmanager
+def data_segment_limit(limit_bytes: int) -> Iterator[str]:
+    """The process's soft `RLIMIT_DATA` set to its data segment now plus `limit_bytes`, the old one restored
+    on exit. An existing soft limit that is already tighter is kept (and said so)."""
+    start_thread_pool()
+    at_start = vm_data_bytes()
+    wanted = at_start + limit_bytes
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY and soft <= wanted:
+        yield (
+            f"cpu data segment {limit_bytes / GB:.2f} GB past {at_start / GB:.2f} GB at start not applied: "
+            f"the process's own limit of {soft / GB:.2f} GB is tighter"
+        )
+        return
+    resource.setrlimit(resource.RLIMIT_DATA, (wanted, hard))
+    try:
+        yield f"cpu data segment {limit_bytes / GB:.2f} GB past {at_start / GB:.2f} GB at start"
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def start_thread_pool() -> None:
+    """Start torch's intra-op threads now, outside the limit: libgomp cannot report a thread it fails to
+    create, it exits the process (the cell would crash instead of ending `oom`). Their stacks then count
+    as the process's start."""
+    threads = max(1, torch.get_num_threads())
+    torch.ones(GRAIN_SIZE * threads * 2).add_(1)
+
+
+def vm_data_bytes(status: Path = Path("/proc/self/status")) -> int:
+    """The process's data segment as the kernel counts it against `RLIMIT_DATA` (VmData, in kB)."""
+    found = re.search(r"^VmData:\s+(\d+) kB$", status.read_text(), re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"{status} has no VmData line: the data-segment limit needs Linux")
+    return int(found.group(1)) * 1024

@@ -1,0 +1,122 @@
+"""Joules per token: the arithmetic through the meter's counter seam, and why a figure is missing.
+
+The counter is a function returning millijoules, passed in (NVML's on a GPU); the measured phase is the
+real `measure_phase` with its call, meter and sleep scripted, so every figure is worked out by hand.
+A real CPU cell's "unknown" tag is checked through `run_cell` in test_memory_limit.py.
+"""
+
+import pytest
+import torch
+
+from kvsweep.measure.contention import CallContention
+from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_tokens
+from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.timing import TokenTimes
+
+QUIET = CallContention(other_s=0.0, steal_s=0.0, capacity_s=2.0, cpus=2)
+BUSY = CallContention(other_s=1.0, steal_s=0.0, capacity_s=2.0, cpus=2)  # others took half
+
+
+def readings(*values):
+    script = iter(values)
+    return lambda: next(script)
+
+
+def test_joules_per_token_is_the_counters_difference_over_the_tokens():
+    meter = EnergyMeter(readings(1_000_000, 1_600_000))
+    meter.start()
+    # 600 000 mJ = 600 J over 4 x 32 + 4 x 32 = 256 tokens
+    assert meter.per_token(4 * 32 + 4 * 32).joules_per_token == 600 / 256 == 2.34375
+
+
+class Gpu:
+    """A device whose energy counter each call advances by 300 J and each pause by 50 J."""
+
+    def __init__(self):
+        self.mj = 1_000_000
+        self.calls = 0
+
+    def read(self):
+        return self.mj
+
+    def call(self):
+        self.mj += 300_000
+        self.calls += 1
+        return torch.zeros(4, 32, dtype=torch.long)  # batch 4 x 32 new tokens
+
+    def sleep(self, _seconds):
+        self.mj += 50_000
+
+
+class ScriptedMeter:
+    def __init__(self, readings):
+        self.readings = iter(readings)
+
+    def start(self):
+        pass
+
+    def stop(self):
+        return next(self.readings)
+
+
+def guarded(repeats, max_discarded):
+    """Exactly `repeats` kept calls; a call during which others took over 10% of the CPUs is re-run."""
+    return SamplingRules(
+        repeats, 0.0, 0, max_contention=0.1, max_discarded=max_discarded, target_rel_ci=0.0, max_duration_s=0.0
+    )
+
+
+def test_discarded_calls_count_and_the_pause_after_them_does_not():
+    gpu = Gpu()
+    meter = EnergyMeter(gpu.read)
+    rules = guarded(repeats=1, max_discarded=1)
+    meter.start()
+    phase = measure_phase(
+        gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), rules, ScriptedMeter([BUSY, QUIET]), meter.paused(gpu.sleep)
+    )
+    # The first call is discarded (others took half the CPUs), one pause, the second is kept.
+    assert (len(phase.discarded), len(phase.kept), gpu.calls) == (1, 1, 2)
+    tokens = phase_tokens(phase, lambda ids: ids.numel())
+    assert tokens == 2 * 4 * 32
+    # 2 calls x 300 J; the 50 J pause left out
+    assert meter.per_token(tokens).joules_per_token == pytest.approx(600 / 256)
+
+
+def test_no_counter_gives_the_reason_not_a_number():
+    found = EnergyMeter("pynvml is not installed")
+    found.start()
+    energy = found.per_token(256)
+    assert energy.joules_per_token is None and energy.unknown == "pynvml is not installed"
+
+
+def test_a_counter_that_fails_or_goes_backwards_gives_no_figure():
+    def broken():
+        raise OSError("gone")
+
+    failing = EnergyMeter(broken)
+    failing.start()
+    assert failing.per_token(256).unknown == "the energy counter failed: OSError: gone"
+
+    reset = EnergyMeter(readings(5_000, 1_000))  # the driver reloaded between the readings
+    reset.start()
+    assert reset.per_token(256).unknown == "the energy counter went backwards (5000 mJ, then 1000 mJ)"
+
+    silent = EnergyMeter(readings(1_000, 2_000))
+    silent.start()
+    assert silent.per_token(0).joules_per_token is None
+
+
+def test_nvml_is_asked_only_for_a_cuda_device_and_found_by_uuid():
+    assert nvml_energy_counter("cpu", None) == "NVML's energy counter needs a CUDA device; this cell ran on cpu"
+    assert "UUID" in nvml_energy_counter("cuda", None)
+    # No GPU answers to this UUID, here (no NVML library) or on a GPU host (no such device).
+    missing = nvml_energy_counter("cuda", "GPU-00000000-0000-0000-0000-000000000000")
+    assert isinstance(missing, str) and missing.startswith("NVML has no handle for GPU-00000000")
+
+
+def test_tokens_are_counted_over_kept_and_discarded_calls_alike():
+    gpu = Gpu()
+    rules = guarded(repeats=2, max_discarded=3)
+    script = ScriptedMeter([BUSY, QUIET, BUSY, QUIET])
+    phase = measure_phase(gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), rules, script, lambda _: None)
+    assert phase_tokens(phase, lambda ids: ids.numel()) == 4 * (4 * 32)
