@@ -7,7 +7,7 @@ that a real sweep logs exactly what is declared here.
 """
 
 REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
-CAPACITY_CSV = "capacity.csv"  # the run folder's capacity frontiers, one row each, logged on the parent as is
+CAPACITY_CSV = "capacity.csv"  # capacity frontiers, one row each: in the report folder and the run folder (parent run)
 
 
 def _values(namespace: type) -> tuple[str, ...]:

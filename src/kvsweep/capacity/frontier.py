@@ -1,14 +1,13 @@
 """Frontiers from results: for each family and fixed size, the largest batch (or context) that passed.
 
 A frontier is rebuilt from its probes' results alone (the live sweep and `kvsweep report` from MLflow
-do the same), replaying `Stepping` over them: the value where the replay stops is the frontier, and the
-probe above it says why it stops there.
+do the same), whatever order the search asked for them in: the frontier is the largest passing value
+below the smallest failing one, and the probe above it says why it stops there.
 """
 
 from dataclasses import dataclass
 
-from kvsweep.capacity.stepping import Stepping
-from kvsweep.capacity.verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, Verdict, probe_verdict
+from kvsweep.capacity.verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, probe_verdict
 from kvsweep.grid import Cell, strategy_label
 from kvsweep.names import Metric, ResultTag
 from kvsweep.results import SKIPPED, CellResult
@@ -100,43 +99,32 @@ def start_of(predicted: int | None, step: int) -> int:
     return max(predicted // step, 1) if predicted else 1
 
 
-def replay(
-    key: FrontierKey, settings: SearchSettings, by_value: dict[int, CellResult], top: int, start: int
-) -> tuple[Stepping, dict[int, Verdict]]:
-    """Walk the search over the results it has, in the order it asked for them; stop at the first it lacks."""
-    step = unit(key, settings)
-    stepping, verdicts = Stepping(top, start), {}
-    while (value := stepping.next_value()) is not None and value * step in by_value:
-        verdict = probe_verdict(by_value[value * step], settings.slo)
-        verdicts[value] = verdict
-        stepping.record(value, verdict.passes)
-        stepping.stopped = not verdict.decisive
-    return stepping, verdicts
-
-
 def frontier_of(key: FrontierKey, settings: SearchSettings, probes: list[CellResult]) -> Frontier:
-    """The frontier its probes show. The start and ceiling the search used are read back from the probes'
-    `predicted_*` and `search_ceiling` metrics, so the replay asks for the same values it did."""
+    """The frontier its probes show, whatever order they were asked in: the largest passing value below
+    the smallest failing one. It is found when the failure is the very next value (or the pass is the
+    ceiling); a probe in between that neither passed nor failed for size (an error, a skip) stopped it."""
     step = unit(key, settings)
-    by_value = {key.value(r.cell): r for r in probes}
+    probes = [r for r in probes if key.value(r.cell) % step == 0]  # a grid cell between the search's steps is not one
+    by_value = {key.value(r.cell) // step: r for r in probes}
+    verdicts = {value: probe_verdict(result, settings.slo) for value, result in sorted(by_value.items())}
     batch = key.axis == BATCH
     predicted = _recorded(probes, Metric.PREDICTED_MAX_BATCH if batch else Metric.PREDICTED_MAX_CONTEXT)
-    top = settings.max_batch if batch else (_recorded(probes, Metric.SEARCH_MAX_CONTEXT) or settings.context_step)
-    stepping, verdicts = replay(key, settings, by_value, top // step, start_of(predicted, step))
-    best = stepping.best
-    at = by_value.get(best * step) if best else None
+    top = (settings.max_batch if batch else (_recorded(probes, Metric.SEARCH_MAX_CONTEXT) or step)) // step
+    above = min((v for v, verdict in verdicts.items() if verdict.decisive and not verdict.passes), default=top + 1)
+    best = max((v for v, verdict in verdicts.items() if verdict.passes and v < above), default=0)
+    stopped = [v for v, verdict in verdicts.items() if best < v < above and not verdict.decisive]
     ran = sum(r.tags.get(ResultTag.INFERRED) != "true" and r.status != SKIPPED for r in probes)
-    above = stepping.lowest_failure
-    if best == top and not stepping.stopped:
-        limit, detail, past = (MAX_BATCH if key.axis == BATCH else MAX_CONTEXT), f"{best * step} reached", None
-    elif above in verdicts and above == best + 1:
-        limit, detail, past = verdicts[above].limit, verdicts[above].detail, by_value[above * step]
-    elif stepping.stopped:
-        value = list(verdicts)[-1]  # the probe that stopped it: the last one asked for
-        verdict = verdicts[value]
-        limit, detail, past = verdict.limit or FAILED, f"at {value * step}: {verdict.detail}", by_value[value * step]
+    past: CellResult | None = None
+    if best == top:
+        limit, detail = (MAX_BATCH if batch else MAX_CONTEXT), f"{best * step} reached"
+    elif stopped:
+        verdict = verdicts[stopped[0]]
+        limit, detail, past = verdict.limit or FAILED, f"at {stopped[0] * step}: {verdict.detail}", by_value[stopped[0]]
+    elif above == best + 1:
+        limit, detail, past = verdicts[above].limit, verdicts[above].detail, by_value[above]
     else:
-        limit, detail, past = UNFINISHED, "the search was interrupted before its frontier was bracketed", None
+        limit, detail = UNFINISHED, "the search was interrupted before its frontier was bracketed"
+    at = by_value.get(best) if best else None
     return Frontier(key, best * step, limit, detail[:300], at, predicted, ran, past, tuple(probes))
 
 

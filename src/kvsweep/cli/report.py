@@ -2,9 +2,17 @@
 
 import argparse
 import os
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from kvsweep.names import Metric, RunTag
+
+if TYPE_CHECKING:
+    from kvsweep.report.capacity import CapacityContext
+
+T = TypeVar("T")
 
 
 def report_main(argv: list[str]) -> int:
@@ -29,9 +37,13 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument(
         "--rank-by", choices=(Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS), help="what 'fastest' means"
     )
+    parser.add_argument(
+        "--gpu-hour-cost", type=float, help="price of one GPU-hour: capacity's cost per 1M output tokens (0 = none)"
+    )
     args = parser.parse_args(argv)
     overrides = {"max_slowdown": args.max_slowdown, "min_token_agreement": args.min_token_agreement}
     overrides |= {"max_accuracy_drop": args.max_accuracy_drop, "max_kl": args.max_kl, "rank_by": args.rank_by}
+    overrides |= {"gpu_hour_cost": args.gpu_hour_cost}
     return rebuild_report(args.tracking_uri, args.experiment, args.run_id, args.out, overrides)
 
 
@@ -66,17 +78,51 @@ def rebuild_report(
     results = cell_results(client, experiment_id, run_id)
     logged = {k.removeprefix("report."): v for k, v in parent.data.params.items() if k.startswith("report.")}
     settings = settings_from({**logged, **{k: v for k, v in overrides.items() if v is not None}})
+    cost = overrides.get("gpu_hour_cost")
     links = {r.cell_id: run_url(uri, experiment_id, r.environment["mlflow_run_id"]) for r in results}
     name = parent.data.tags.get(RunTag.SWEEP, "?")
     context = ReportContext(
-        f"kvsweep report: {name} (parent run {run_id})", settings, links, run_url(uri, experiment_id, run_id)
+        f"kvsweep report: {name} (parent run {run_id})",
+        settings,
+        links,
+        run_url(uri, experiment_id, run_id),
+        capacity_context(parent.data.params, None if cost is None else float(str(cost))),
     )
     report = write_report(results, out or Path("kvsweep-report") / run_id, context)
     runs = {r.cell_id: r.environment["mlflow_run_id"] for r in results}
-    tag_runs(client, {runs[cid]: tags for cid, tags in report.quality_tags.items() if cid in runs})
+    tag_runs(client, {runs[cid]: tags for cid, tags in report.run_tags.items() if cid in runs})
     table = write_tables(results, report.folder)
     print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
     print(table)
     print(f"\n{report.short_form}\n")
     print(f"report: {report.folder / 'report.html'}")
     return 0
+
+
+def capacity_context(params: Mapping[str, str], gpu_hour_cost: float | None = None) -> "CapacityContext | None":
+    """The capacity search a parent run's params (strings) describe; None when it searched nothing.
+    A key the run lacks takes the schema's default; `gpu_hour_cost` (the flag) overrides `report.gpu_hour_cost`."""
+    from kvsweep.capacity.frontier import SearchSettings
+    from kvsweep.capacity.verdict import Slo
+    from kvsweep.config.schema import RayConfig, ReportConfig, SearchConfig, SloConfig
+    from kvsweep.report.capacity import CapacityContext
+
+    search = _logged(SearchConfig, "search", params)
+    if not (search.batch or search.contexts):
+        return None
+    slo = _logged(SloConfig, "slo", params)
+    cost = _logged(ReportConfig, "report", params).gpu_hour_cost if gpu_hour_cost is None else gpu_hour_cost
+    settings = SearchSettings(Slo(slo.tpot_ms, slo.ttft_ms), search.max_batch, search.context_step, search.max_context)
+    return CapacityContext(settings, cost, _logged(RayConfig, "ray", params).gpus_per_cell)
+
+
+def _logged(section: type[T], prefix: str, params: Mapping[str, str]) -> T:
+    """A config section from the parent run's `<prefix>.<key>` params (MLflow keeps them as strings); the
+    schema's default for a key the run lacks (a sweep from before it existed)."""
+    defaults, values = section(), {}
+    for f in fields(defaults):
+        raw, default = params.get(f"{prefix}.{f.name}"), getattr(defaults, f.name)
+        if raw is None or not isinstance(default, bool | int | float):
+            continue
+        values[f.name] = raw == "True" if isinstance(default, bool) else type(default)(float(raw))
+    return section(**values)

@@ -10,7 +10,7 @@ C and a context search at batch B meet at (C, B)) share one probe.
 """
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, start_of, unit
 from kvsweep.capacity.stepping import Stepping
@@ -22,6 +22,7 @@ from kvsweep.models.facts import ModelFacts
 from kvsweep.names import Metric
 from kvsweep.plan.capacity import memory_budget, predicted_boundary
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
+from kvsweep.plan.offload import offload_problem
 from kvsweep.plan.sweep_plan import PlanLimits, model_facts
 from kvsweep.results import SKIPPED, CellResult
 from kvsweep.units import GB
@@ -99,7 +100,7 @@ class CapacitySearches:
         for key in keys:
             fact = facts.get(key.model)
             step, top = unit(key, settings), ceiling(key, settings, fact.shape.max_positions if fact else None)
-            predicted = predicted_boundary(key, fact, budget, top, step)
+            predicted = predicted_boundary(key, fact, budget, top, step, lambda cell: plan_probe(cell).runs)
             searches.append(Search(key, Stepping(top // step, start_of(predicted, step)), step, predicted, top))
         return cls(searches, settings, protocol, plan_probe)
 
@@ -190,16 +191,22 @@ def plan_searches(
     budget = memory_budget(device, limits.device_bytes, cfg.measure.device_memory_limit_gb)
 
     def plan_probe(cell: Cell) -> PlannedCell:
+        """Planned as any cell, but a predicted device OOM still runs: where memory runs out is what a search
+        measures. An offloaded probe that cannot finish in time or pin its blocks is skipped, as in a grid."""
         fact = facts.get(cell.model)
-        return plan_cell(
+        planned = plan_cell(
             cell,
             device,
             fact.shape if fact else None,
             parameters=fact.parameters if fact else None,
             device_bytes=limits.device_bytes,
-            skip_predicted_oom=False,  # where memory runs out is what a search measures
+            skip_predicted_oom=False,
             host=limits.host,
         )
+        host = limits.host
+        if planned.runs and planned.offload is not None and cfg.planner.skip_predicted_oom:
+            planned = replace(planned, skip_reason=offload_problem(planned.offload, host.timeout_s, host.memory_bytes))
+        return planned
 
     keys = frontier_keys(cfg, inputs_by_model)
     searches = CapacitySearches.build(cfg, keys, facts, budget, protocol, plan_probe)

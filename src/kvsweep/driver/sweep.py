@@ -249,7 +249,7 @@ class SweepRun:
         sink = MlflowSink(SweepTracker(self.tracking_uri, header.experiment), journal, header, self.say)
         self._tracking = Tracking(header, journal, sink, sink.open(resume=not cfg.rerun))
         self.say(
-            f"sweep {cfg.name}: {len(planned.cells)} cells on {device}; "
+            f"sweep {cfg.name}: {what_runs(planned)} on {device}; "
             f"trust_remote_code={cfg.trust_remote_code}; "
             f"MLflow {redact_uri(self.tracking_uri)} parent run {sink.parent_run_id or '(pending)'}"
         )
@@ -412,6 +412,13 @@ class SweepRun:
             )
             return interrupts.exit_code
         return None
+
+
+def what_runs(planned: Planned) -> str:
+    """`12 cells`, or for a capacity search `8 capacity searches` (their probes are not known yet)."""
+    if planned.searches is not None:
+        return f"{len(planned.searches.searches)} capacity searches (probes chosen as results come)"
+    return f"{len(planned.cells)} cells"
 
 
 def max_concurrent(configured: int, device: str, gpus: float, gpus_per_cell: int) -> int:

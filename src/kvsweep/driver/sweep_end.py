@@ -3,10 +3,11 @@
 A report failure is reported and swallowed: every measurement is already journaled and in MLflow.
 """
 
+import shutil
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from kvsweep.names import REPORT_DIR
+from kvsweep.names import CAPACITY_CSV, REPORT_DIR
 from kvsweep.redact import redact_uri
 from kvsweep.report.write import write_tables
 from kvsweep.results import RESULT_STATUSES
@@ -27,7 +28,9 @@ def finish(sweep: "SweepRun") -> int:
     journal.write_end("FINISHED", counts)
     report = _write_report(sweep)
     selection = report.short_form if report else ""
-    unsent = sink.close("FINISHED", counts, report.quality_tags if report else None)
+    if report and report.capacity:  # the frontiers beside results.csv: logged on the parent with it
+        shutil.copyfile(report.folder / CAPACITY_CSV, run_dir / CAPACITY_CSV)
+    unsent = sink.close("FINISHED", counts, report.run_tags if report else None)
     say(f"\n{table}\n")
     if selection:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
@@ -50,7 +53,8 @@ def finish(sweep: "SweepRun") -> int:
 def _write_report(sweep: "SweepRun") -> "Report | None":
     """The report folder in the run folder (the sink logs it on the parent); None when it could not be written."""
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
-    from kvsweep.report.write import ReportContext, settings_from, write_report
+    from kvsweep.driver.capacity_search import search_settings
+    from kvsweep.report.write import CapacityContext, ReportContext, settings_from, write_report
     from kvsweep.tracking.urls import run_url
 
     links, parent_url = {}, ""
@@ -61,10 +65,15 @@ def _write_report(sweep: "SweepRun") -> "Report | None":
             parent_url = run_url(uri, experiment_id, sink.parent_run_id)
     except Exception:  # MLflow down: the report goes without links
         pass
+    capacity = None
+    if cfg.search.batch or cfg.search.contexts:
+        capacity = CapacityContext(search_settings(cfg), cfg.report.gpu_hour_cost, cfg.ray.gpus_per_cell)
     title = f"kvsweep report: {cfg.name}" + (f" (parent run {sink.parent_run_id})" if sink.parent_run_id else "")
     try:
         report = write_report(
-            results, run_dir / REPORT_DIR, ReportContext(title, settings_from(asdict(cfg.report)), links, parent_url)
+            results,
+            run_dir / REPORT_DIR,
+            ReportContext(title, settings_from(asdict(cfg.report)), links, parent_url, capacity),
         )
     except Exception as exc:
         say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")

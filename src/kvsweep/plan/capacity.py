@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from kvsweep.caches import get_strategy
 from kvsweep.capacity.frontier import FrontierKey
+from kvsweep.grid import Cell
 from kvsweep.models.facts import ModelFacts
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
 
@@ -22,16 +23,23 @@ def memory_budget(device: str, device_bytes: int | None, limit_gb: float) -> int
 
 
 def predicted_boundary(
-    key: FrontierKey, facts: ModelFacts | None, budget: int | None, top: int, step: int
+    key: FrontierKey,
+    facts: ModelFacts | None,
+    budget: int | None,
+    top: int,
+    step: int,
+    host_allows: Callable[[Cell], bool] = lambda cell: True,
 ) -> int | None:
     """The largest value (a batch, or a context in multiples of `step`) up to `top` whose predicted peak fits
-    `budget`; 0 when not even the smallest does; None when it cannot be predicted (no budget, unknown size)."""
+    `budget` and that `host_allows` (an offloaded cache's pinned blocks and link time); 0 when not even the
+    smallest does; None when it cannot be predicted (no budget, unknown size)."""
     if budget is None or facts is None or facts.parameters is None:
         return None
     strategy, parameters, shape = get_strategy(key.cache), facts.parameters, facts.shape
 
     def fits(value: int) -> bool:
-        return estimate_peak(key.cell(value * step), strategy, shape, parameters).peak_bytes <= budget
+        cell = key.cell(value * step)
+        return estimate_peak(cell, strategy, shape, parameters).peak_bytes <= budget and host_allows(cell)
 
     return _largest(fits, top // step) * step
 

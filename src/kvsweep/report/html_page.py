@@ -8,6 +8,8 @@ import base64
 import html
 from pathlib import Path
 
+from kvsweep.report.capacity_tables import CapacitySection
+from kvsweep.report.listing import Listing
 from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
 
@@ -52,16 +54,44 @@ def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+def _capacity(section: CapacitySection) -> list[str]:
+    """Heading, how to read it, a table per model/dtype/search, the line per size."""
+    parts = ["<h2>Capacity</h2>", f'<p class="muted">{html.escape(section.intro)}</p>']
+    for i, t in enumerate(section.tables):
+        parts += [f"<h3>{html.escape(t.title)}</h3>", _table(t.header, list(t.rows), f"capacity-{i}")]
+    if section.lines:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in section.lines)
+        parts += ["<h3>Most capacity</h3>", f'<ul id="capacity-lines">{items}</ul>']
+    return parts
+
+
 def render_page(
-    title: str, intro: str, decisions: list[Decision], plots: list[Path], links: dict[str, str], parent_url: str
+    title: str,
+    intro: str,
+    decisions: list[Decision],
+    plots: list[Path],
+    links: dict[str, str],
+    parent_url: str,
+    listing: Listing | None = None,
+    capacity: CapacitySection | None = None,
 ) -> str:
+    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision."""
     parent = f'<p>MLflow sweep run: <a href="{html.escape(parent_url)}">{html.escape(parent_url)}</a></p>'
+    listing = listing or Listing(decisions)
+    if not decisions:
+        listed = "<p>No cells.</p>"
+    elif listing.listed:
+        listed = _table(*decision_rows(listing.listed, links), "decision")
+    else:
+        listed = "<p>No group to choose in.</p>"
     sections = [
         f"<h1>{html.escape(title)}</h1>",
         parent if parent_url else "",
         f'<p class="muted">{html.escape(intro)}</p>',
+        *(_capacity(capacity) if capacity else []),
         "<h2>Decision</h2>",
-        _table(*decision_rows(decisions, links), "decision") if decisions else "<p>No cells.</p>",
+        f'<p class="muted">{html.escape(listing.note())}.</p>' if listing.left_out else "",
+        listed,
         "<h2>Evidence</h2>",
         _table(*evidence_rows(decisions, links), "evidence") if decisions else "",
         "<h2>Plots</h2>",

@@ -1,23 +1,33 @@
 """The selection table as Markdown (selection.md, logged on the parent run) and as terminal lines."""
 
+from collections.abc import Sequence
+
 from kvsweep.caches import BASELINE
 from kvsweep.names import Metric, ci_high, ci_low
+from kvsweep.report.capacity_tables import CapacitySection
+from kvsweep.report.listing import Listing
 from kvsweep.report.quality_gate import depth_accuracies, task_accuracy
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.units import MIB
 
 
-def short_form(decisions: list[Decision]) -> str:
-    """Printed under the results table at the end of a sweep: one line per group."""
-    if not decisions:
-        return ""
-    settings = decisions[0].settings
-    head = (
-        f"Selection (fastest by {settings.rank_by}, ties within 95% intervals broken by memory; "
-        f"leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
-        f"within {settings.max_slowdown:.0%} of the fastest):"
-    )
-    return "\n".join([head, *(f"  {d.summary()}" for d in decisions)])
+def short_form(decisions: list[Decision], left_out: str = "", capacity: Sequence[str] = ()) -> str:
+    """Printed under the results table at the end of a sweep: one line per group, the note on groups left out
+    of the list (`listing.py`), then the capacity heading and its line per size (`capacity.py`)."""
+    lines = []
+    if decisions:
+        settings = decisions[0].settings
+        lines.append(
+            f"Selection (fastest by {settings.rank_by}, ties within 95% intervals broken by memory; "
+            f"leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
+            f"within {settings.max_slowdown:.0%} of the fastest):"
+        )
+        lines += [f"  {d.summary()}" for d in decisions]
+    if left_out:
+        lines.append(f"  ({left_out})")
+    if capacity:
+        lines += [capacity[0], *(f"  {line}" for line in capacity[1:])]
+    return "\n".join(lines)
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -182,17 +192,38 @@ def intro(decisions: list[Decision]) -> str:
     )
 
 
-def selection_markdown(title: str, decisions: list[Decision], links: dict[str, str]) -> str:
+def selection_markdown(
+    title: str,
+    decisions: list[Decision],
+    links: dict[str, str],
+    listing: Listing | None = None,
+    capacity: CapacitySection | None = None,
+) -> str:
+    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision."""
     if not decisions:
         return f"# {title}\n\nNo cells.\n"
+    listing = listing or Listing(decisions)
+    listed = table(*decision_rows(listing.listed, links)) if listing.listed else "No group to choose in."
     return "\n\n".join(
         [
             f"# {title}",
             intro(decisions),
+            *(capacity_markdown(capacity) if capacity else []),
             "## Decision",
-            table(*decision_rows(decisions, links)),
+            *([f"_{listing.note()}._"] if listing.left_out else []),
+            listed,
             "## Evidence",
             table(*evidence_rows(decisions, links)),
             "",
         ]
     )
+
+
+def capacity_markdown(section: CapacitySection) -> list[str]:
+    """The capacity section's blocks: heading, how to read it, a table per model/dtype/search, the lines."""
+    blocks = ["## Capacity", section.intro]
+    for t in section.tables:
+        blocks += [f"### {_escape(t.title)}", table(t.header, list(t.rows))]
+    if section.lines:
+        blocks += ["### Most capacity", "\n".join(f"- {_escape(line)}" for line in section.lines)]
+    return blocks

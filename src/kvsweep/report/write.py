@@ -1,6 +1,8 @@
 """Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt).
 
-Plots: one figure per facet, and a `_quality` figure beside it where cells have task accuracy or KL.
+Plots: one figure per facet, and a `_quality` figure beside it where cells have task accuracy or KL;
+with a capacity search (`ReportContext.capacity`), a capacity figure per model/dtype first and
+`capacity.csv` beside the pages.
 
 The same function serves the end of a live sweep (folder `<run dir>/report`, then logged on the
 parent run under `report/`) and `python -m kvsweep report` (from MLflow alone).
@@ -10,15 +12,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsweep.names import REPORT_DIR
+from kvsweep.capacity.frontier import Frontier
+from kvsweep.names import CAPACITY_CSV, REPORT_DIR
+from kvsweep.report.capacity import Capacity, CapacityContext, assess
+from kvsweep.report.capacity_csv import capacity_csv
+from kvsweep.report.capacity_plots import draw_capacity
+from kvsweep.report.capacity_tables import capacity_section
 from kvsweep.report.html_page import render_page
+from kvsweep.report.listing import Listing, list_decisions
 from kvsweep.report.markdown import intro, selection_markdown, short_form
-from kvsweep.report.plots import draw_facets
+from kvsweep.report.plots import colours, draw_facets
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import results_csv, results_table
 from kvsweep.results import CellResult
 
-__all__ = ["REPORT_DIR", "Report", "ReportContext", "settings_from", "write_report", "write_tables"]
+__all__ = [
+    "REPORT_DIR",
+    "CapacityContext",
+    "Report",
+    "ReportContext",
+    "settings_from",
+    "write_report",
+    "write_tables",
+]
 
 
 @dataclass
@@ -27,6 +43,7 @@ class ReportContext:
     settings: Settings
     links: dict[str, str] = field(default_factory=dict)  # cell id -> its MLflow run page
     parent_url: str = ""
+    capacity: CapacityContext | None = None  # a sweep with search.batch or search.contexts: its frontiers
 
 
 @dataclass
@@ -34,15 +51,36 @@ class Report:
     folder: Path
     decisions: list[Decision]
     plots: list[Path]
+    capacity: Capacity | None = None
+    listing: Listing | None = None  # the decisions the short form lists (a search's lone probes left out)
 
     @property
     def short_form(self) -> str:
-        return short_form(self.decisions)
+        listing = self.listing or Listing(self.decisions)
+        lines = [self.capacity.heading(), *self.capacity.lines()] if self.capacity else []
+        return short_form(listing.listed, listing.note(), lines)
+
+    @property
+    def frontiers(self) -> list[Frontier]:
+        return self.capacity.frontiers if self.capacity else []
 
     @property
     def quality_tags(self) -> dict[str, dict[str, str]]:
         """Cell id -> its `kvsweep.quality_loss` tag: the verdicts this report decided by, for MLflow."""
         return quality_loss_tags(self.decisions)
+
+    @property
+    def frontier_tags(self) -> dict[str, dict[str, str]]:
+        """Cell id of each frontier's probe -> `kvsweep.frontier` and `kvsweep.frontier_limit`, for MLflow."""
+        return self.capacity.tags() if self.capacity else {}
+
+    @property
+    def run_tags(self) -> dict[str, dict[str, str]]:
+        """`quality_tags` and `frontier_tags` merged per cell: everything this report writes on cell runs."""
+        merged = {cid: dict(tags) for cid, tags in self.quality_tags.items()}
+        for cid, tags in self.frontier_tags.items():
+            merged.setdefault(cid, {}).update(tags)
+        return merged
 
 
 def settings_from(values: dict[str, Any]) -> Settings:
@@ -53,11 +91,20 @@ def settings_from(values: dict[str, Any]) -> Settings:
 def write_report(results: list[CellResult], folder: Path, context: ReportContext) -> Report:
     folder.mkdir(parents=True, exist_ok=True)
     decisions = decide(results, context.settings)
+    listing = list_decisions(decisions, results)
     plots = draw_facets(results, folder / "plots", max_kl=context.settings.max_kl)
-    (folder / "selection.md").write_text(selection_markdown(context.title, decisions, context.links))
-    page = render_page(context.title, intro(decisions), decisions, plots, context.links, context.parent_url)
+    capacity = section = None
+    if context.capacity is not None:
+        capacity = assess(results, context.capacity, context.settings)
+        section = capacity_section(capacity)
+        (folder / CAPACITY_CSV).write_text(capacity_csv(capacity))
+        plots = [*draw_capacity(capacity, colours(results), folder / "plots"), *plots]
+    (folder / "selection.md").write_text(selection_markdown(context.title, decisions, context.links, listing, section))
+    page = render_page(
+        context.title, intro(decisions), decisions, plots, context.links, context.parent_url, listing, section
+    )
     (folder / "report.html").write_text(page)
-    return Report(folder, decisions, plots)
+    return Report(folder, decisions, plots, capacity, listing)
 
 
 def write_tables(results: list[CellResult], folder: Path) -> str:
