@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import ROOT, machine
 
-ORDER = ["fidelity", "repeatability", "contention", "overhead", "peer", "scaling"]
+ORDER = ["fidelity", "repeatability", "contention", "overhead", "peer", "scaling", "search_cost"]
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "results"
 
 
@@ -68,8 +68,23 @@ def write_markdown(records: dict[str, dict]) -> Path:
             "",
         ]
     path = ROOT / "BENCHMARKS.md"
-    path.write_text("\n".join(lines))
+    titles = {record["title"] for record in records.values()}
+    kept = [text for title, text in _sections(path) if title not in titles]  # written by hand: kept as they are
+    path.write_text("\n".join(lines + kept))
     return path
+
+
+def _sections(path: Path) -> list[tuple[str, str]]:
+    """BENCHMARKS.md's `## ` sections as (title, text), to keep those no benchmark writes (measured by hand)."""
+    if not path.exists():
+        return []
+    sections: list[tuple[str, list[str]]] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            sections.append((line[3:].strip(), [line]))
+        elif sections:
+            sections[-1][1].append(line)
+    return [(title, "\n".join(text).rstrip() + "\n") for title, text in sections]
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from kvsweep.capacity.aim import aim, crossing
 from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, frontier_of, frontiers
 from kvsweep.capacity.stepping import Stepping
 from kvsweep.capacity.verdict import MAX_BATCH, MEMORY, SLO_TPOT, UNFINISHED, Slo
@@ -180,3 +181,41 @@ def test_probe_ids_are_the_cells_ids():
     searches, protocol = searches_for("grid.context_lengths=[256]")
     first = searches.first_probes()[0]
     assert cell_id(first.cell, protocol) in searches.planned
+
+
+def test_a_line_through_the_readings_says_where_the_target_is_crossed():
+    assert crossing({4: 40.0, 8: 80.0}, 100.0) == 10  # extrapolated: 10 bytes a row, 100 reached at 10
+    assert crossing({4: 40.0, 12: 120.0}, 100.0) == 10  # between a pass and a failure (regula falsi)
+    assert crossing({4: 40.0}, 100.0, slope_hint=20.0) == 7  # one reading and the planner's slope: 40 + 3 x 20
+    assert crossing({4: 40.0}, 100.0) is None and crossing({4: 50.0, 8: 50.0}, 100.0) is None  # no rising line
+
+
+def walk_with_readings(ceiling: int, start: int, fixed: float, per_row: float, budget: float, hint: float) -> list[int]:
+    """A memory frontier with readings: peak = fixed + per_row x batch, OOM above `budget`."""
+    key = FrontierKey(BATCH, "m", "float32", "dynamic", False, 8, "random", 256)
+    stepping, results, probed = Stepping(ceiling, start), {}, []
+    while (value := stepping.next_value()) is not None:
+        probed.append(value)
+        peak = fixed + per_row * value
+        result = probe(key, value, status=OK if peak <= budget else OOM)
+        if peak <= budget:
+            result.metrics[Metric.PEAK_DEVICE_MEM_BYTES] = peak
+        results[value] = result
+        passed = peak <= budget
+        stepping.record(value, passed, aim(results, Slo(), int(budget), lambda v: hint) if passed else None)
+    assert stepping.best == int((budget - fixed) // per_row)
+    return probed
+
+
+def test_memory_readings_take_the_search_to_the_frontier_in_a_few_probes_whatever_the_prediction():
+    # True frontier 97 (1 GB fixed, 80 MB a row, 8.8 GB budget); the planner predicted 40 and thinks 100 MB a row.
+    # 40 passes at 4.2 GB: with the planner's slope the next guess is 40 + 4.6 GB / 100 MB = 86; 86's reading
+    # gives the true slope, so 97; then 98 fails: found.
+    assert walk_with_readings(256, 40, 1e9, 80e6, 8.8e9, hint=100e6) == [40, 86, 97, 98]
+    assert len(walk(256, 40, 97)) == 12  # without readings: 40, 41, 43, 47, 55, 71, 103, then bisecting
+
+
+def test_an_slo_reading_aims_between_a_pass_and_a_failure():
+    key = FrontierKey(BATCH, "m", "float32", "dynamic", False, 8, "random", 256)
+    probes = {10: probe(key, 10, tpot_high=30.0), 20: probe(key, 20, tpot_high=70.0)}  # 4 ms a row
+    assert aim(probes, Slo(tpot_ms=50.0), None, lambda v: None) == 15  # 30 + 4 x 5 = 50

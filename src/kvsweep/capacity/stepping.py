@@ -8,8 +8,15 @@ no prediction (start 1) plain doubling. Probes never go above a known failure no
 assuming a failure at v means a failure above v (memory does; an SLO nearly does), the search ends on a
 passing value whose next value fails, or on the ceiling.
 
-Pure and deterministic: the same outcomes give the same probes, which is what lets an interrupted
-search resume through the probes it already has.
+Readings sharpen it: after a probe, `aim` may say where its measured memory or latency puts the frontier
+(a straight line through the readings, `capacity/aim.py`); the next probe goes there, kept inside the
+bracket, instead of the next doubling or the middle. A failure without a reading (an OOM) drops the aim.
+Where passes bring readings (`halve_down`: peak device memory on CUDA, latency under an SLO), a failed
+start is followed by half of it rather than the next step down: one pass, then its aim, is shorter than
+walking down from an overestimate without readings.
+
+Pure and deterministic: the same outcomes and readings give the same probes, which is what lets an
+interrupted search resume through the probes it already has.
 """
 
 from dataclasses import dataclass, field
@@ -21,6 +28,8 @@ class Stepping:
     start: int  # the predicted boundary (clipped to 1..ceiling); 1 when nothing is predicted
     outcomes: dict[int, bool] = field(default_factory=dict)  # value -> passed
     stopped: bool = False  # a probe ended in neither pass nor a size-driven failure
+    aim: int | None = None  # where the last probe's readings put the frontier (`capacity/aim.py`); None: none
+    halve_down: bool = False  # passes will bring readings: below a failed start, halve instead of galloping
 
     def __post_init__(self) -> None:
         self.start = min(max(self.start, 1), self.ceiling)
@@ -38,8 +47,10 @@ class Stepping:
     def done(self) -> bool:
         return self.stopped or self.lowest_failure == self.best + 1 or self.best == self.ceiling
 
-    def record(self, value: int, passed: bool) -> None:
+    def record(self, value: int, passed: bool, aim: int | None = None) -> None:
+        """An outcome, and where its readings put the frontier (an aim lasts until the next outcome)."""
         self.outcomes[value] = passed
+        self.aim = aim
 
     def next_value(self) -> int | None:
         """The next value to probe, or None when the frontier is found (or stopped)."""
@@ -48,9 +59,15 @@ class Stepping:
         if not self.outcomes:
             return self.start
         low, high = self.best, self.lowest_failure
+        if self.aim is not None and low > 0:  # a reading's estimate, kept inside the bracket
+            aimed = min(max(self.aim, low + 1), min(high, self.ceiling + 1) - 1)
+            if aimed not in self.outcomes:
+                return aimed
         if high > self.ceiling:  # nothing failed yet: gallop up from the start
             ups = sum(1 for v in self.outcomes if v > self.start)
             return min(self.ceiling, max(low, self.start) + (1 << ups))
+        if low == 0 and self.halve_down:  # one pass, and its reading aims at the frontier
+            return max(1, high // 2)
         if low == 0:  # nothing passed yet: gallop down from the start
             downs = sum(1 for v in self.outcomes if v < self.start)
             return max(1, min(high, self.start) - (1 << downs))

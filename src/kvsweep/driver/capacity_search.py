@@ -12,15 +12,16 @@ C and a context search at batch B meet at (C, B)) share one probe.
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from kvsweep.capacity.aim import aim
 from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, start_of, unit
 from kvsweep.capacity.stepping import Stepping
-from kvsweep.capacity.verdict import Slo, probe_verdict
+from kvsweep.capacity.verdict import MEMORY, Slo, probe_verdict
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.placement import Job
 from kvsweep.grid import Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.models.facts import ModelFacts
 from kvsweep.names import Metric
-from kvsweep.plan.capacity import memory_budget, predicted_boundary
+from kvsweep.plan.capacity import memory_budget, predicted_boundary, predicted_step_bytes
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.offload import offload_problem
 from kvsweep.plan.sweep_plan import PlanLimits, model_facts
@@ -54,8 +55,10 @@ class Search:
     step: int
     predicted: int | None  # the planner's boundary, in the axis's units (tokens for a context search)
     top: int  # the ceiling, in the axis's units
+    slope: Callable[[int], float | None] = lambda value: None  # the planner's bytes per step at a value
     waits_for: str = ""  # cell id of the probe in flight; "" when done
     probed: set[str] = field(default_factory=set)  # cell ids of every probe it asked for
+    results: dict[int, CellResult] = field(default_factory=dict)  # its probes' results, by value in steps
 
     def probe_metrics(self) -> dict[str, float]:
         """Stamped on every probe of this search, so the frontier can be rebuilt from results alone."""
@@ -94,6 +97,7 @@ class CapacitySearches:
         budget: int | None,
         protocol: MeasureProtocol,
         plan_probe: Callable[[Cell], PlannedCell],
+        device: str,
     ) -> "CapacitySearches":
         settings = search_settings(cfg)
         searches = []
@@ -101,8 +105,13 @@ class CapacitySearches:
             fact = facts.get(key.model)
             step, top = unit(key, settings), ceiling(key, settings, fact.shape.max_positions if fact else None)
             predicted = predicted_boundary(key, fact, budget, top, step, lambda cell: plan_probe(cell).runs)
-            searches.append(Search(key, Stepping(top // step, start_of(predicted, step)), step, predicted, top))
-        return cls(searches, settings, protocol, plan_probe)
+            readings = (device == "cuda" and budget is not None) or bool(settings.slo.describe())
+            stepping = Stepping(top // step, start_of(predicted, step), halve_down=readings)
+            slope = predicted_step_bytes(key, fact, step)
+            searches.append(Search(key, stepping, step, predicted, top, slope))
+        found = cls(searches, settings, protocol, plan_probe)
+        found.budget = budget
+        return found
 
     def first_probes(self) -> list[PlannedCell]:
         """Each search's first probe, planned: what the sweep's plan shows and native builds are made for."""
@@ -163,7 +172,11 @@ class CapacitySearches:
                 self._record(self.known[cid])
             if cid in self.known:
                 verdict = probe_verdict(self.known[cid], self.settings.slo)
-                search.stepping.record(value, verdict.passes)
+                search.results[value] = self.known[cid]
+                aimed = aim(search.results, self.settings.slo, self.budget, search.slope)
+                search.stepping.record(
+                    value, verdict.passes, aimed if verdict.passes or verdict.limit != MEMORY else None
+                )
                 search.stepping.stopped = not verdict.decisive
                 continue
             search.waits_for = cid
@@ -209,9 +222,7 @@ def plan_searches(
         return planned
 
     keys = frontier_keys(cfg, inputs_by_model)
-    searches = CapacitySearches.build(cfg, keys, facts, budget, protocol, plan_probe)
-    searches.budget = budget
-    return searches, problems
+    return CapacitySearches.build(cfg, keys, facts, budget, protocol, plan_probe, device), problems
 
 
 def search_text(searches: CapacitySearches) -> list[str]:

@@ -51,3 +51,19 @@ def _largest(fits: Callable[[int], bool], top: int) -> int:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+def predicted_step_bytes(key: FrontierKey, facts: ModelFacts | None, step: int) -> Callable[[int], float | None]:
+    """The planner's peak growth from one value to the next (bytes per batch row, or per `step` of context):
+    the slope a search draws through its first memory reading."""
+
+    def slope(value: int) -> float | None:
+        if facts is None or facts.parameters is None:
+            return None
+        strategy, shape, parameters = get_strategy(key.cache), facts.shape, facts.parameters
+        low, high = (
+            estimate_peak(key.cell(v * step), strategy, shape, parameters).peak_bytes for v in (value, value + 1)
+        )
+        return float(high - low)
+
+    return slope
