@@ -219,3 +219,25 @@ def test_an_slo_reading_aims_between_a_pass_and_a_failure():
     key = FrontierKey(BATCH, "m", "float32", "dynamic", False, 8, "random", 256)
     probes = {10: probe(key, 10, tpot_high=30.0), 20: probe(key, 20, tpot_high=70.0)}  # 4 ms a row
     assert aim(probes, Slo(tpot_ms=50.0), None, lambda v: None) == 15  # 30 + 4 x 5 = 50
+
+
+def test_the_dry_run_prints_each_predicted_frontier_the_largest_batch_the_planner_fits(capsys):
+    from kvsweep.caches import get_strategy
+    from kvsweep.driver.dry_run import dry_run
+    from kvsweep.models.presets import PRESETS
+    from kvsweep.models.shape import shape_from_dict
+    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
+
+    cfg = compose_config(["+sweep=capacity", "planner.device_memory_gb=80"]).config
+    assert dry_run(cfg) == 0
+    out = capsys.readouterr().out
+    assert "45 capacity searches" in out and "grid.batch_sizes [1] not used" in out
+    # By hand: walk the batch up until the planner's peak for dynamic at 32k no longer fits 80 GB.
+    preset = PRESETS["llama-3.1-8b"]
+    shape, parameters, strategy = shape_from_dict(preset.config), preset.parameters(), get_strategy("dynamic")
+    key = FrontierKey(BATCH, "llama-3.1-8b", "bfloat16", "dynamic", False, 128, "random", 32768)
+    batch = 0
+    while estimate_peak(key.cell(batch + 1), strategy, shape, parameters).peak_bytes + CUDA_CONTEXT_BYTES <= 80e9:
+        batch += 1
+    [line] = [x for x in out.splitlines() if x.strip().startswith("dynamic ctx32768 ") and "predicted" in x]
+    assert f"predicted max batch {batch} (up to 256); first probe {batch}" in line

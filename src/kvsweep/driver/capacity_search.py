@@ -225,6 +225,24 @@ def plan_searches(
     return CapacitySearches.build(cfg, keys, facts, budget, protocol, plan_probe, device), problems
 
 
+def search_lines(cfg: KvSweepConfig) -> list[str]:
+    """What the run's first lines say a search does with the grid: which axis it replaces, at which sizes."""
+    grid, lines = cfg.grid, []
+    if cfg.search.batch:
+        unused = "" if cfg.search.contexts else f"; grid.batch_sizes {grid.batch_sizes} not used"
+        lines.append(
+            f"search.batch: the largest batch up to {cfg.search.max_batch} at each of grid.context_lengths "
+            f"{grid.context_lengths}{unused}"
+        )
+    if cfg.search.contexts:
+        unused = "" if cfg.search.batch else f"; grid.context_lengths {grid.context_lengths} not used"
+        lines.append(
+            f"search.contexts: the longest context (a multiple of {cfg.search.context_step}) at each of "
+            f"grid.batch_sizes {grid.batch_sizes}{unused}"
+        )
+    return lines
+
+
 def search_text(searches: CapacitySearches) -> list[str]:
     """The dry run's and plan.txt's account of each search: where it starts, how far it may go, what it expects."""
     budget = searches.budget
@@ -232,7 +250,7 @@ def search_text(searches: CapacitySearches) -> list[str]:
         f"{len(searches.searches)} capacity searches; memory budget "
         + ("unknown: each search starts at the smallest size" if budget is None else f"{budget / GB:.2f} GB")
         + (f"; SLO {searches.settings.slo.describe()}" if searches.settings.slo.describe() else "")
-        + f"; {searches.expected_probes} probes if every prediction holds, each wrong one adding about 2 log2(error)"
+        + f"; {searches.expected_probes} probes if every prediction holds (more where one is off)"
     ]
     for s in searches.searches:
         key, what = s.key, "max batch" if s.key.axis == BATCH else "max context"

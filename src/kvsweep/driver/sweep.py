@@ -69,12 +69,13 @@ def run_sweep(
     resume, schedule (recording each result), then the table, the report and the closing lines.
     `inputs`: the choice, when the caller made it already. Returns the exit code."""
     from kvsweep.driver import ray_session
+    from kvsweep.driver.capacity_search import search_lines
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.prewarm import prewarm
 
     inputs = inputs or choose_inputs(cfg)
     sweep = SweepRun(cfg, redact_text(config_yaml), run_dir, out or sys.stdout, seams or Seams(), inputs)
-    for line in inputs.lines():
+    for line in [*inputs.lines(), *search_lines(cfg)]:
         sweep.say(line)
     prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)  # the tracking URI was made absolute before this
