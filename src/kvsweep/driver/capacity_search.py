@@ -56,7 +56,6 @@ class Search:
     predicted: int | None  # the planner's boundary, in the axis's units (tokens for a context search)
     top: int  # the ceiling, in the axis's units
     slope: Callable[[int], float | None] = lambda value: None  # the planner's bytes per step at a value
-    waits_for: str = ""  # cell id of the probe in flight; "" when done
     probed: set[str] = field(default_factory=set)  # cell ids of every probe it asked for
     results: dict[int, CellResult] = field(default_factory=dict)  # its probes' results, by value in steps
 
@@ -87,6 +86,7 @@ class CapacitySearches:
     axes: dict[str, set[str]] = field(default_factory=dict)  # cell id -> the searches that asked for it
     known: dict[str, CellResult] = field(default_factory=dict)  # results this run has: resumed or measured
     waiting: dict[str, list[Search]] = field(default_factory=dict)  # probes in flight -> who waits for them
+    budget: int | None = None  # the memory a probe may use, that predictions and readings fit to; None: unknown
 
     @classmethod
     def build(
@@ -109,9 +109,7 @@ class CapacitySearches:
             stepping = Stepping(top // step, start_of(predicted, step), halve_down=readings)
             slope = predicted_step_bytes(key, fact, step)
             searches.append(Search(key, stepping, step, predicted, top, slope))
-        found = cls(searches, settings, protocol, plan_probe)
-        found.budget = budget
-        return found
+        return cls(searches, settings, protocol, plan_probe, budget=budget)
 
     def first_probes(self) -> list[PlannedCell]:
         """Each search's first probe, planned: what the sweep's plan shows and native builds are made for."""
@@ -147,8 +145,8 @@ class CapacitySearches:
 
     @property
     def expected_probes(self) -> int:
-        """Probes the searches take if every prediction is right: two per frontier (one at the top)."""
-        return sum(1 if s.stepping.start * s.step >= s.top or not s.predicted else 2 for s in self.searches)
+        """Probes the predicted searches take if every prediction is right: two per frontier (one at the top)."""
+        return sum(1 if s.stepping.start * s.step >= s.top else 2 for s in self.searches if s.predicted is not None)
 
     def _plan(self, search: Search, value: int) -> PlannedCell:
         cell = search.key.cell(value * search.step)
@@ -179,18 +177,15 @@ class CapacitySearches:
                 )
                 search.stepping.stopped = not verdict.decisive
                 continue
-            search.waits_for = cid
             first_asker = cid not in self.waiting
             self.waiting.setdefault(cid, []).append(search)
             if not first_asker:
                 return []  # another search already queued this probe
             offload = planned.offload
             return [Job(cid, planned.cell, host_memory_bytes=offload.host_bytes if offload else 0)]
-        search.waits_for = ""
         return []
 
     def __post_init__(self) -> None:
-        self.budget: int | None = None  # the memory the predictions fit cells to (plan text)
         self._done: dict[str, CellResult] = {}  # an earlier run's results (resume)
         self._record: Callable[[CellResult], None] = lambda result: None
         self._resumed: Callable[[CellResult], None] = lambda result: None
@@ -245,13 +240,19 @@ def search_lines(cfg: KvSweepConfig) -> list[str]:
 
 def search_text(searches: CapacitySearches) -> list[str]:
     """The dry run's and plan.txt's account of each search: where it starts, how far it may go, what it expects."""
-    budget = searches.budget
-    lines = [
-        f"{len(searches.searches)} capacity searches; memory budget "
-        + ("unknown: each search starts at the smallest size" if budget is None else f"{budget / GB:.2f} GB")
-        + (f"; SLO {searches.settings.slo.describe()}" if searches.settings.slo.describe() else "")
-        + f"; {searches.expected_probes} probes if every prediction holds (more where one is off)"
-    ]
+    budget, slo = searches.budget, searches.settings.slo.describe()
+    head = f"{len(searches.searches)} capacity searches" + (f"; SLO {slo}" if slo else "")
+    unpredicted = sum(s.predicted is None for s in searches.searches)
+    if budget is None:
+        head += (
+            "; memory budget unknown (no GPU figure, no measure.device_memory_limit_gb): each starts at 1 and doubles"
+        )
+    else:
+        head += f"; memory budget {budget / GB:.2f} GB; {searches.expected_probes} probes if every prediction holds"
+        head += " (more where one is off)"
+        if unpredicted:
+            head += f"; {unpredicted} searches without a prediction start at 1 and double"
+    lines = [head]
     for s in searches.searches:
         key, what = s.key, "max batch" if s.key.axis == BATCH else "max context"
         at = f"ctx{key.fixed}" if key.axis == BATCH else f"bs{key.fixed}"
