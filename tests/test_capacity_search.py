@@ -241,3 +241,19 @@ def test_the_dry_run_prints_each_predicted_frontier_the_largest_batch_the_planne
         batch += 1
     [line] = [x for x in out.splitlines() if x.strip().startswith("dynamic ctx32768 ") and "predicted" in x]
     assert f"predicted max batch {batch} (up to 256); first probe {batch}" in line
+
+
+def test_a_memory_limit_is_the_gpu_the_planner_fits_grid_cells_to():
+    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES
+    from kvsweep.plan.sweep_plan import plan_sweep
+
+    args = ["+sweep=long_context", "planner.device_memory_gb=80", "measure.device_memory_limit_gb=24"]
+    cfg = compose_config(args).config
+    limits = plan_limits(cfg, "cuda")
+    assert limits.device_bytes == 24 * 10**9 + CUDA_CONTEXT_BYTES  # torch's cap, the context on top
+    planned, _ = plan_sweep(cfg, "cuda", limits)
+    [cell] = [
+        p for p in planned if p.cell.cache == "dynamic" and p.cell.context_length == 65536 and p.cell.batch_size == 4
+    ]
+    # 8B weights (16 GB) + 65,663 tokens x 4 rows x 128 KiB of bf16 K/V (34 GB): over 24 GB, under 80.
+    assert cell.skip_reason is not None and cell.skip_reason.startswith("predicted oom")

@@ -167,3 +167,21 @@ def test_an_interrupted_search_resumes_without_measuring_a_finished_probe_again(
     _, children = cell_runs(f"sqlite:///{tmp_path}/mlflow.db")
     ids = [c.data.tags["kvsweep.cell_id"] for c in children]
     assert len(ids) == len(set(ids)) == len(both)  # one child run per probe, the interrupted one reused
+
+
+@pytest.mark.slow
+def test_a_context_frontier_is_the_longest_context_that_runs_in_steps_of_the_context_step(run_sweep, kv_heavy):
+    fixed = [f"grid.models=[{kv_heavy}]", "grid.batch_sizes=[4]", "grid.max_new_tokens=[8]", "grid.caches=[dynamic]"]
+    limit = "measure.device_memory_limit_gb=0.1"
+    search = ["search.contexts=true", "search.context_step=128", "search.max_context=2048"]
+    run = run_sweep(*fixed, limit, *search)
+    assert run.code == 0, run.out + run.err
+    [row] = capacity_rows(run.run_dir)
+    longest = int(row["max_context"])
+    assert (row["axis"], row["batch_size"], row["limit"]) == ("context", "4", "memory"), row
+    assert longest % 128 == 0 and 128 <= longest < 2048
+    assert "longest context at batch 4" in run.out
+
+    by_hand = run_sweep(*fixed, limit, f"grid.context_lengths=[{longest},{longest + 128}]", experiment="by-hand")
+    found = statuses(by_hand.tracking_uri, "context_length", experiment="by-hand")
+    assert found == {str(longest): OK, str(longest + 128): OOM}, found

@@ -10,16 +10,16 @@ from kvsweep.capacity.frontier import FrontierKey
 from kvsweep.grid import Cell
 from kvsweep.models.facts import ModelFacts
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
+from kvsweep.units import GB
 
 
 def memory_budget(device: str, device_bytes: int | None, limit_gb: float) -> int | None:
-    """Bytes a cell's predicted peak may take: the device (less CUDA's context) or `measure.device_memory_limit_gb`,
-    whichever is smaller; on the CPU only the limit counts (without it the host is not a budget to plan to)."""
-    limit = int(limit_gb * 1e9) if limit_gb > 0 else None
+    """Bytes a cell's predicted peak may take: on CUDA the device less CUDA's context (`plan_limits` has
+    already put `measure.device_memory_limit_gb` there); on the CPU only that limit (without it the host
+    is not a budget to plan to)."""
     if device == "cuda":
-        sizes = [b - CUDA_CONTEXT_BYTES for b in (device_bytes, limit) if b]
-        return min(sizes) if sizes else None
-    return limit
+        return device_bytes - CUDA_CONTEXT_BYTES if device_bytes else None
+    return int(limit_gb * GB) if limit_gb > 0 else None
 
 
 def predicted_boundary(

@@ -9,7 +9,7 @@ from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
-from kvsweep.plan.memory import detect_device_bytes
+from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
 from kvsweep.units import GB, MIB
 
@@ -48,6 +48,11 @@ def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None
         device_from = "planner.device_memory_gb"
     else:
         device_from = "the smallest local GPU" if device_bytes else "planner.device_memory_gb=0 and no local GPU"
+    limit_gb = cfg.measure.device_memory_limit_gb
+    if device == "cuda" and limit_gb > 0:  # torch's allocator is capped there; the CUDA context comes on top
+        capped = int(limit_gb * GB) + CUDA_CONTEXT_BYTES
+        if device_bytes is None or capped < device_bytes:
+            device_bytes, device_from = capped, "measure.device_memory_limit_gb plus the CUDA context"
     protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg))
     host = host_limits(planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, protocol)
     host_from = "planner.host_memory_gb" if planner.host_memory_gb > 0 else "this machine's"
