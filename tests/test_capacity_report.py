@@ -187,6 +187,9 @@ def test_the_capacity_figure_comes_first_among_the_plots(tmp_path):
     assert rep.plots[0] == tmp_path / "plots" / "org_served_bfloat16_capacity.png"
     assert rep.plots[0].stat().st_size > 10_000
     assert 'alt="org_served_bfloat16_capacity"' in (tmp_path / "report.html").read_text()
+    # Per-batch figures only where both caches were probed (batches 4 and 5): the rest would be one line each.
+    facets = sorted(p.name for p in rep.plots[1:])
+    assert facets == ["org_served_bfloat16_bs4_new32.png", "org_served_bfloat16_bs5_new32.png"], facets
 
 
 def test_a_searchs_single_strategy_groups_are_left_out_of_the_decisions_but_kept_as_evidence(tmp_path):

@@ -94,11 +94,6 @@ def _recorded(probes: list[CellResult], metric: str) -> int | None:
     return next((int(r.metrics[metric]) for r in probes if metric in r.metrics), None)
 
 
-def start_of(predicted: int | None, step: int) -> int:
-    """Where a search starts, in steps: at the predicted boundary, else at the smallest value."""
-    return max(predicted // step, 1) if predicted else 1
-
-
 def frontier_of(key: FrontierKey, settings: SearchSettings, probes: list[CellResult]) -> Frontier:
     """The frontier its probes show, whatever order they were asked in: the largest passing value below
     the smallest failing one. It is found when the failure is the very next value (or the pass is the

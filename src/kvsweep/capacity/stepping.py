@@ -72,3 +72,8 @@ class Stepping:
             downs = sum(1 for v in self.outcomes if v < self.start)
             return max(1, min(high, self.start) - (1 << downs))
         return (low + high) // 2
+
+
+def start_of(predicted: int | None, step: int) -> int:
+    """Where a search starts, in steps: at the predicted boundary, else at the smallest value."""
+    return max(predicted // step, 1) if predicted else 1

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from kvsweep.capacity.aim import aim
-from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, start_of, unit
-from kvsweep.capacity.stepping import Stepping
+from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, unit
+from kvsweep.capacity.stepping import Stepping, start_of
 from kvsweep.capacity.verdict import MEMORY, Slo, probe_verdict
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.placement import Job

@@ -301,12 +301,14 @@ class SweepRun:
     def _queue_searches(self, searches: "CapacitySearches") -> list["Job"]:
         """Each search's first probe to run, after replaying what an earlier run measured (resume)."""
         planned, progress, done = self.planned, self.progress, self.tracking.done
+        replayed: list[CellResult] = []
 
         def skipped(result: CellResult) -> None:
             progress.expect(1, 0)
             self.record(result, ran=False)
 
         def resumed(result: CellResult) -> None:
+            replayed.append(result)
             progress.expect(1, 0)
             self.results.append(result)
             self.pruner.observe(result)
@@ -320,8 +322,8 @@ class SweepRun:
                 self.record(searches.known[cid], ran=False)
         jobs = searches.start(done, skipped, resumed)
         progress.expect(len(jobs), len(jobs))
-        if progress.done:
-            self.say(f"resuming: {progress.done} probes already have results; rerun=true starts afresh")
+        if replayed:
+            self.say(f"resuming: {len(replayed)} probes already have results; rerun=true starts afresh")
         return jobs
 
     def follow_up(self, result: CellResult) -> list["Job"]:

@@ -50,13 +50,19 @@ def colours(results: list[CellResult]) -> dict[str, str]:
 QUALITY_SUFFIX = "_quality"
 
 
-def draw_facets(results: list[CellResult], out_dir: Path, max_kl: float | None = None) -> list[Path]:
+def draw_facets(
+    results: list[CellResult], out_dir: Path, max_kl: float | None = None, min_strategies: int = 1
+) -> list[Path]:
     """Writes one figure per facet into out_dir, and its quality figure where it has task or KL numbers;
-    returns their paths in facet order. `max_kl` draws the KL limit the selection refuses above."""
+    returns their paths in facet order. `max_kl` draws the KL limit the selection refuses above; a facet
+    with fewer than `min_strategies` strategies is not drawn (a capacity search's lone probes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     facets: dict[FacetKey, list[CellResult]] = defaultdict(list)
     for result in results:
         facets[facet_key(result)].append(result)
+    facets = defaultdict(
+        list, {k: v for k, v in facets.items() if len({(r.cell.cache, r.cell.compile) for r in v}) >= min_strategies}
+    )
     palette = colours(results)
     basis = memory_basis(results)
     names = display_names(key[0] for key in facets)

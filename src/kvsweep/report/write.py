@@ -92,7 +92,8 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
     folder.mkdir(parents=True, exist_ok=True)
     decisions = decide(results, context.settings)
     listing = list_decisions(decisions, results)
-    plots = draw_facets(results, folder / "plots", max_kl=context.settings.max_kl)
+    probes = context.capacity is not None  # a search's lone probes make figures of one line: left out
+    plots = draw_facets(results, folder / "plots", max_kl=context.settings.max_kl, min_strategies=2 if probes else 1)
     capacity = section = None
     if context.capacity is not None:
         capacity = assess(results, context.capacity, context.settings)
