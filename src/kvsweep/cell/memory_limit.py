@@ -13,6 +13,7 @@ process can still build and send its result, and a cell measured in a long-lived
 own, `ray.fork_cells=false`) leaves nothing behind.
 """
 
+import ctypes
 import re
 import resource
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from kvsweep.units import GB
 # at::parallel_for splits work into chunks of this many elements (torch's GRAIN_SIZE): a warm-up needs one
 # chunk per thread to start them all.
 GRAIN_SIZE = 32768
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt options (malloc.h)
+OWN_MAPPING_BYTES = 128 * 1024  # glibc's initial mmap threshold, held fixed
 
 
 @contextmanager
@@ -62,6 +65,7 @@ def data_segment_limit(limit_bytes: int) -> Iterator[str]:
     """The process's soft `RLIMIT_DATA` set to its data segment now plus `limit_bytes`, the old one restored
     on exit. An existing soft limit that is already tighter is kept (and said so)."""
     start_thread_pool()
+    release_freed_memory()
     at_start = vm_data_bytes()
     wanted = at_start + limit_bytes
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
@@ -76,6 +80,17 @@ def data_segment_limit(limit_bytes: int) -> Iterator[str]:
         yield f"cpu data segment {limit_bytes / GB:.2f} GB past {at_start / GB:.2f} GB at start"
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def release_freed_memory() -> None:
+    """glibc keeps freed memory for reuse, and raises its mmap threshold as large blocks are freed, so the
+    data segment counts memory the cell no longer holds, more or less by chance. A fixed threshold makes
+    every block past 128 KiB (a tensor) a mapping of its own, returned when freed: the limit then counts
+    what the cell holds, and the same cell fails at the same size every time."""
+    libc = ctypes.CDLL(None)
+    for option in (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD):
+        libc.mallopt(option, OWN_MAPPING_BYTES)
+    libc.malloc_trim(0)
 
 
 def start_thread_pool() -> None:

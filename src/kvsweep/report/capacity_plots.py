@@ -42,7 +42,7 @@ def _figure(name: str, dtype: str, choices: list[SizeChoice], palette: dict[str,
     panels = sorted({(c.axis, c.key[3]) for c in choices}, key=lambda p: (p[0] != BATCH, p[1]))
     figure = Figure(figsize=(7.5 * len(panels), 5.5), layout="constrained")
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
-    figure.suptitle(f"{name}  {dtype}: capacity{f' within {slo} (95% upper end)' if slo else ' (memory only)'}")
+    figure.suptitle(f"{name} {dtype}: capacity{f' within {slo} (95% upper end)' if slo else ' (memory only)'}")
     for ax, panel in zip(axes, panels, strict=True):
         _panel(ax, panel, [c for c in choices if (c.axis, c.key[3]) == panel], palette)
     return figure
