@@ -89,23 +89,10 @@ FLAGS = (
 
 
 def build_model(folder: Path) -> None:
-    """A random-weight Llama whose KV cache, not its weights, fills the memory: 16 layers, 2 KV heads of 64."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A random-weight Llama whose KV cache, not its weights, fills the memory (`kvsweep.testing.kv_heavy`)."""
+    from kvsweep.testing.kv_heavy import save_kv_heavy
 
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=16,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    save_kv_heavy(folder)
 
 
 def sweep_command(model: Path) -> list[str]:

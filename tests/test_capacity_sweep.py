@@ -19,19 +19,9 @@ import pytest
 
 from conftest import FAST, cell_runs, statuses
 from kvsweep.results import OK, OOM, CellResult
+from kvsweep.testing.kv_heavy import save_kv_heavy
 from kvsweep.tracking.journal import Journal
 
-KV_HEAVY = dict(
-    vocab_size=256,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=16,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    head_dim=64,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
 # 16 layers x 2 (K, V) x 2 heads x 64 x 4 bytes = 16 KiB a token: 8.1 MiB a row at 512 + 7 tokens, so a
 # limit of 0.1 GB holds a handful of rows.
 LIMITED = ["grid.context_lengths=[512]", "grid.max_new_tokens=[8]", "measure.device_memory_limit_gb=0.1"]
@@ -40,13 +30,7 @@ QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 @pytest.fixture(scope="module")
 def kv_heavy(tmp_path_factory) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("models") / "kv-heavy"
-    LlamaForCausalLM(LlamaConfig(**KV_HEAVY)).save_pretrained(folder)
-    return folder
+    return save_kv_heavy(tmp_path_factory.mktemp("models") / "kv-heavy")
 
 
 def capacity_rows(run_dir: Path) -> list[dict[str, str]]:

@@ -28,17 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import WORK, Section, fmt, markdown_table
 
 TITLE = "Capacity search: probes against a power-of-two batch grid"
-KV_HEAVY = dict(
-    vocab_size=256,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=16,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    head_dim=64,
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
-)
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 FACTORS = (0.7, 0.9, 1.0, 1.1, 1.3)
 
@@ -49,13 +38,9 @@ def pow2_cells(frontier: int) -> int:
 
 
 def _model(folder: Path) -> Path:
-    if not (folder / "config.json").exists():
-        import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
+    from kvsweep.testing.kv_heavy import save_kv_heavy
 
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**KV_HEAVY)).save_pretrained(folder)
-    return folder
+    return save_kv_heavy(folder)
 
 
 def _sweep(scratch: Path, name: str, *overrides: str) -> tuple[float, Path]:
