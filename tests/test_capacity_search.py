@@ -257,3 +257,23 @@ def test_a_memory_limit_is_the_gpu_the_planner_fits_grid_cells_to():
     ]
     # 8B weights (16 GB) + 65,663 tokens x 4 rows x 128 KiB of bf16 K/V (34 GB): over 24 GB, under 80.
     assert cell.skip_reason is not None and cell.skip_reason.startswith("predicted oom")
+
+
+def test_a_sweep_started_before_the_capacity_keys_resumes_under_the_same_key():
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from kvsweep.driver.sweep import sweep_key
+
+    cfg = compose_config([]).config
+    whole = asdict(cfg)
+    # The key as it was before search, slo and the memory limit existed (and before quality_trials).
+    measure = {k: v for k, v in whole["measure"].items() if k not in ("quality_trials", "device_memory_limit_gb")}
+    before = {k: whole[k] for k in ("name", "grid", "device", "trust_remote_code")}
+    before |= {"measure": measure, "experiment": cfg.mlflow.experiment}
+    assert sweep_key(cfg) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    changed = {
+        sweep_key(compose_config([o]).config) for o in ("measure.device_memory_limit_gb=24", "search.batch=true")
+    }
+    assert sweep_key(cfg) not in changed and len(changed) == 2  # a search or a limit is another sweep

@@ -36,13 +36,15 @@ if TYPE_CHECKING:
     from kvsweep.tracking.sink import MlflowSink
 
 T = TypeVar("T")
+LATER_MEASURE_KEYS = ("quality_trials", "device_memory_limit_gb")  # not in the first sweeps' keys
 
 
 def sweep_key(cfg: KvSweepConfig) -> str:
     """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run.
 
-    The inputs' keys count only where they differ from the schema's defaults, so a sweep started before
-    they existed resumes under the same key (its text-fed cells, if any, have new cell ids anyway)."""
+    The inputs', search's and SLO's keys, and the measure keys added later, count only where they differ
+    from the schema's defaults, so a sweep started before they existed resumes under the same key (its
+    text-fed cells, if any, have new cell ids anyway)."""
     whole, defaults = asdict(cfg), asdict(KvSweepConfig())
     identity = {k: whole[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
     identity["experiment"] = cfg.mlflow.experiment
@@ -51,8 +53,9 @@ def sweep_key(cfg: KvSweepConfig) -> str:
             identity[key] = whole[key]
     if whole["inputs"] != defaults["inputs"]:
         identity["inputs"] = whole["inputs"]
-    if cfg.measure.quality_trials == defaults["measure"]["quality_trials"]:
-        identity["measure"] = {k: v for k, v in whole["measure"].items() if k != "quality_trials"}
+    identity["measure"] = {  # keys added since sweeps were first keyed count only where they are set
+        k: v for k, v in whole["measure"].items() if k not in LATER_MEASURE_KEYS or v != defaults["measure"][k]
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
