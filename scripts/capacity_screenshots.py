@@ -41,7 +41,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from kvsweep.testing.local_services import HEADLESS_FLAGS, find_browser, free_port, start_mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -67,22 +68,6 @@ COLUMNS = {
     "metrics.`decode_tokens_per_s`": 170,
     "tags.`kvsweep.frontier_limit`": 170,
 }
-CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--disable-default-apps",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--hide-scrollbars",
-    "--mute-audio",
-)
 
 
 # -- the sweep
@@ -139,49 +124,14 @@ def frontiers(scratch: Path) -> list[dict[str, str]]:
 # -- MLflow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(scratch: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` over the sweep's sqlite store, ready when this returns."""
+    """`mlflow server` over the sweep's sqlite store, ready when this returns (its log beside the store)."""
     log = open(scratch / "mlflow-server.log", "w")  # noqa: SIM115 - lives as long as the server
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{scratch / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(scratch / "mlartifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"mlflow server exited: {scratch / 'mlflow-server.log'}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return server
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(server)
-    raise SystemExit("mlflow server did not answer within 120 s")
+    try:
+        backend = f"sqlite:///{scratch / 'mlflow.db'}"
+        return start_mlflow_server(backend, scratch / "mlartifacts", port, log=log, own_session=True)
+    except RuntimeError as exc:
+        raise SystemExit(f"{exc}: {scratch / 'mlflow-server.log'}") from None
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -252,12 +202,10 @@ def save_frontier_view(tracking_uri: str, experiment_id: str, grouped: bool) -> 
 
 
 def find_chromium() -> str:
-    configured = os.environ.get("KVSWEEP_CHROMIUM")
-    for name in (configured,) if configured else CHROMIUM_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise SystemExit("no Chromium: install Debian's `chromium` package or set KVSWEEP_CHROMIUM")
+    found = find_browser()
+    if found is None:
+        raise SystemExit("no Chromium: install Debian's `chromium` package or set KVSWEEP_CHROMIUM")
+    return found
 
 
 class Browser:
@@ -278,7 +226,7 @@ class Browser:
         self.log = open(os.path.join(self.profile, "chromium.log"), "wb")  # noqa: SIM115
         args = [
             find_chromium(),
-            *FLAGS,
+            *HEADLESS_FLAGS,
             f"--user-data-dir={self.profile}",
             f"--window-size={size[0]},{size[1]}",
             "--remote-debugging-pipe",

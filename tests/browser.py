@@ -9,7 +9,6 @@ import base64
 import io
 import os
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -18,36 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+from kvsweep.testing.local_services import HEADLESS_FLAGS, find_browser
+
 NO_BROWSER = "no headless browser: install Debian's `chromium` package (.ci/run does) or set KVSWEEP_CHROMIUM"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-extensions",
-    "--disable-default-apps",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--hide-scrollbars",
-    "--mute-audio",
-    "--run-all-compositor-stages-before-draw",
-)
-
-
-def find_browser() -> str | None:
-    """KVSWEEP_CHROMIUM, else the first of `chromium`, `chromium-browser`, ... on PATH."""
-    configured = os.environ.get("KVSWEEP_CHROMIUM")
-    if configured:
-        return shutil.which(configured)
-    for name in BROWSER_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+FLAGS = (*HEADLESS_FLAGS, "--run-all-compositor-stages-before-draw")
 
 
 @dataclass

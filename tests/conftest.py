@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvsweep.driver.ray_session import QUIET_ENV
+from kvsweep.testing import local_services
+from kvsweep.testing.local_services import free_port
 
 for _key, _value in QUIET_ENV.items():
     os.environ.setdefault(_key, _value)
@@ -209,55 +211,11 @@ def cell_is_running(tracking_uri: str, **params: str) -> bool:
     )
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_mlflow_server(store_dir: Path, port: int, extra_args: tuple[str, ...] = (), env: dict | None = None):
-    """A real `mlflow server` on 127.0.0.1, ready when this returns; the caller stops it.
-
-    `extra_args` (e.g. `--app-name basic-auth`) and `env` (added to this process's) configure it further.
-    """
-    import subprocess
-    import time
-    import urllib.request
-
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{store_dir}/server.db",
-            "--artifacts-destination",
-            str(store_dir / "artifacts"),
-            "--workers",
-            "1",
-            *extra_args,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return server
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError("mlflow server did not start") from None
-            time.sleep(1)
+    """A real `mlflow server` on 127.0.0.1 over `store_dir` (its sqlite store and artifacts), ready when this
+    returns; the caller stops it. `extra_args` (e.g. `--app-name basic-auth`) and `env` configure it further."""
+    backend = f"sqlite:///{store_dir}/server.db"
+    return local_services.start_mlflow_server(backend, store_dir / "artifacts", port, extra_args, env)
 
 
 def stop(process) -> None:
