@@ -8,13 +8,10 @@ A real CPU cell's "unknown" tag is checked through `run_cell` in test_memory_lim
 import pytest
 import torch
 
-from kvsweep.measure.contention import CallContention
 from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_tokens
 from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.measure.timing import TokenTimes
-
-QUIET = CallContention(other_s=0.0, steal_s=0.0, capacity_s=2.0, cpus=2)
-BUSY = CallContention(other_s=1.0, steal_s=0.0, capacity_s=2.0, cpus=2)  # others took half
+from test_sampling import BUSY, QUIET, ScriptedMeter  # what others took of the CPUs, scripted per call
 
 
 def readings(*values):
@@ -46,17 +43,6 @@ class Gpu:
 
     def sleep(self, _seconds):
         self.mj += 50_000
-
-
-class ScriptedMeter:
-    def __init__(self, readings):
-        self.readings = iter(readings)
-
-    def start(self):
-        pass
-
-    def stop(self):
-        return next(self.readings)
 
 
 def guarded(repeats, max_discarded):
