@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import ROOT, machine
 
-ORDER = ["fidelity", "repeatability", "contention", "overhead", "peer", "scaling", "search_cost"]
+ORDER = ["fidelity", "repeatability", "contention", "overhead", "peer", "scaling", "search_cost", "compare_noise"]
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "results"
 
 

@@ -11,8 +11,11 @@ is the fast tier a developer runs after each change; plain `pytest` runs everyth
 import io
 import os
 import shutil
+import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,6 +188,22 @@ def statuses(tracking_uri: str, *params: str, experiment: str = "kvsweep") -> di
         key = tuple(child.data.params[p] for p in params)
         by[key[0] if len(key) == 1 else key] = child.data.tags["kvsweep.status"]
     return by
+
+
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass"
+
+
+@contextmanager
+def burner_on(cpu: int, seconds: float = 60.0) -> Iterator[None]:
+    """An outside process spinning on one CPU only, from its first instruction (taskset pins, then runs it),
+    for at most `seconds` (a test that dies leaves no burner behind for long)."""
+    proc = subprocess.Popen(["taskset", "--cpu-list", str(cpu), sys.executable, "-c", SPIN, str(seconds)])
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def wait_until(condition, what: str, process=None, timeout: float = 240) -> None:

@@ -10,13 +10,11 @@ do see each other.
 import os
 import shutil
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
+from conftest import burner_on
 from kvsweep.cell.cpu_slots import AFFINITY, SLOT, CpuPlace, CpuSlots, cores_to_ask, read_places, shared
 from kvsweep.grid import Cell, MeasureProtocol
 
@@ -148,7 +146,6 @@ def test_where_cpus_sit_is_read_from_the_kernels_topology_files(tmp_path):
 # --- two stand-in CUDA cells forked from this node's template, on the kernel's real counters ---
 
 CPUS = sorted(os.sched_getaffinity(0))
-SPIN = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
 BUSY_S = 1.5  # one tick per CPU is then 0.007 of the reading, well inside the 0.05 limit
 LIMIT = 0.05  # the protocol's default max_host_contention
 # The limit for cells on one core each of a two-core host. Ray's own processes (GCS, raylet, monitors),
@@ -193,18 +190,6 @@ def run_together(device: str, cells: int = 2) -> list[dict]:
     late = [round(r["environment"]["metered_at"] - start_at, 3) for r in results]
     assert max(late) < LATE_S, f"a cell's window opened {max(late)} s late: the machine is too busy to tell"
     return results
-
-
-@contextmanager
-def burner_on(cpu: int) -> Iterator[None]:
-    """An outside process spinning on one CPU only, from its first instruction (taskset pins, then runs it)."""
-    proc = subprocess.Popen(["taskset", "--cpu-list", str(cpu), sys.executable, "-c", SPIN])
-    try:
-        time.sleep(0.3)
-        yield
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def verdicts(results: list[dict]) -> dict[str, str]:

@@ -40,7 +40,7 @@ class ResultTag:
 class RunTag:
     """Bookkeeping tags the tracking client writes on parent and cell runs."""
 
-    ROLE = "kvsweep.role"  # sweep | cell
+    ROLE = "kvsweep.role"  # sweep | cell | compare
     SWEEP = "kvsweep.sweep"  # the sweep's name, on the parent and every cell run
     SWEEP_KEY = "kvsweep.sweep_key"
     RUN_DIR = "kvsweep.run_dir"
@@ -50,13 +50,18 @@ class RunTag:
     ATTEMPT = "kvsweep.attempt"
     DEVICE_NAME = "kvsweep.device_name"
     ERROR = "kvsweep.error"
+    COMPARE_A = "kvsweep.compare_a"  # on a `compare --log` run: the parent run of sweep A...
+    COMPARE_B = "kvsweep.compare_b"  # ...and of sweep B
     PARENT_ID = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # experiment tag holding a saved compare view, + its key
 ENV_TAG_PREFIX = "kvsweep.env."  # the cell's environment record, one tag per field
-SWEEP_ROLE, CELL_ROLE = "sweep", "cell"
+SWEEP_ROLE, CELL_ROLE, COMPARE_ROLE = "sweep", "cell", "compare"
+COMPARE_REGRESSIONS = "compare_regressions"  # metrics of a `compare --log` run: rows that are regressions...
+COMPARE_MATCHED_CELLS = "compare_matched_cells"  # ...and cells both sweeps measured
+COMPARE_METRICS = (COMPARE_REGRESSIONS, COMPARE_MATCHED_CELLS)
 CARRIED_TAGS = _values(ResultTag)
 
 

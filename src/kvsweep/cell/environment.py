@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import transformers
 
+import kvsweep
+
 
 class CudaStartError(Exception):
     """CUDA could not start in the cell's process (a driver older than the torch build, no device).
@@ -43,6 +45,7 @@ def describe_host(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {
         "torch_version": str(torch.__version__),  # a plain str: a TorchVersion would import torch to unpickle
         "transformers_version": str(transformers.__version__),
+        "kvsweep_version": kvsweep.__version__,
         "torch_threads": torch.get_num_threads(),
         "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
         "hostname": socket.gethostname(),
@@ -60,7 +63,22 @@ def describe_device(device: str) -> dict[str, Any]:
         index = torch.cuda.current_device()
         env["gpu_index"] = index
         env["gpu_uuid"] = gpu_uuid(index)
+        env["driver_version"] = driver_version()
     return env
+
+
+def driver_version() -> str:
+    """The NVIDIA driver (`550.54.15`) from NVML; without pynvml, the CUDA version the driver supports
+    as torch reads it (`cuda 12.4`). An upgraded driver is the first suspect when a GPU sweep slows."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        found = pynvml.nvmlSystemGetDriverVersion()
+        return found.decode() if isinstance(found, bytes) else str(found)
+    except Exception:  # no pynvml, or NVML cannot start: fall back to what the CUDA runtime reports
+        api = int(torch._C._cuda_getDriverVersion())
+        return f"cuda {api // 1000}.{api % 1000 // 10}"
 
 
 def device_name(device: str) -> str:

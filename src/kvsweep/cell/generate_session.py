@@ -25,6 +25,7 @@ from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
 from kvsweep.measure.kv_bytes import KvBytes, cache_bytes
 from kvsweep.measure.memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
+from kvsweep.testing.fault_kinds import Fault
 from kvsweep.testing.faults import InjectFault
 
 
@@ -50,8 +51,8 @@ class GenerateSession:
         inputs: torch.Tensor,
         cell: Cell,
         device: str,
-        fault: str | None,
-        quality_fault: str | None = None,
+        fault: Fault | None,
+        quality_fault: Fault | None = None,
         device_memory: DeviceMemory | None = None,
     ) -> None:
         self.model = model

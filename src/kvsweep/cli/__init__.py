@@ -1,4 +1,4 @@
-"""The command line: `python -m kvsweep` runs a sweep (run.py); `report` and `sync` are its subcommands."""
+"""The command line: `python -m kvsweep` runs a sweep (run.py); `report`, `sync` and `compare` are its subcommands."""
 
 from kvsweep.cli.run import main
 

@@ -1,4 +1,5 @@
-"""`python -m kvsweep [overrides...]`, `... report`, `... sync`: exit 0 ok, 1 some cells failed, 2 bad input."""
+"""`python -m kvsweep [overrides...]`, `... report`, `... sync`, `... compare`: exit 0 ok, 1 some cells failed
+(compare: a regression), 2 bad input."""
 
 import sys
 
@@ -11,6 +12,7 @@ USAGE = """usage: python -m kvsweep [+sweep=NAME] [key=value ...]   run a sweep 
        python -m kvsweep --info                          print the config search path and the sweep files found
        python -m kvsweep report [--run-id ID] [--out DIR] rebuild a sweep's report from MLflow
        python -m kvsweep sync [PATH]                     send journaled results MLflow missed (idempotent)
+       python -m kvsweep compare A B [--baseline A2]      two sweeps cell by cell; exit 1 on a regression
 Overrides are Hydra's, e.g. 'grid.context_lengths=[8192,32768]' grid.caches=[dynamic,static]
 """
 
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvsweep.cli.sync import sync_main
 
         return sync_main(args[1:])
+    if args and args[0] == "compare":
+        from kvsweep.cli.compare import compare_main
+
+        return compare_main(args[1:])
     if args and args[0] == "report":
         from kvsweep.cli.report import report_main
 

@@ -37,7 +37,7 @@ def _bold(text: str) -> str:
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def _table(header: list[str], rows: list[list[TableCell]], table_id: str) -> str:
+def html_table(header: list[str], rows: list[list[TableCell]], table_id: str) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td{_num_class(c)}>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -49,7 +49,7 @@ def _num_class(cell: TableCell) -> str:
     return ""
 
 
-def _image(path: Path) -> str:
+def inline_image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
@@ -58,7 +58,7 @@ def _capacity(section: CapacitySection) -> list[str]:
     """Heading, how to read it, a table per model/dtype/search, the line per size."""
     parts = ["<h2>Capacity</h2>", f'<p class="muted">{html.escape(section.intro)}</p>']
     for i, t in enumerate(section.tables):
-        parts += [f"<h3>{html.escape(t.title)}</h3>", _table(t.header, list(t.rows), f"capacity-{i}")]
+        parts += [f"<h3>{html.escape(t.title)}</h3>", html_table(t.header, list(t.rows), f"capacity-{i}")]
     if section.lines:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in section.lines)
         parts += ["<h3>Most capacity</h3>", f'<ul id="capacity-lines">{items}</ul>']
@@ -81,7 +81,7 @@ def render_page(
     if not decisions:
         listed = "<p>No cells.</p>"
     elif listing.listed:
-        listed = _table(*decision_rows(listing.listed, links), "decision")
+        listed = html_table(*decision_rows(listing.listed, links), "decision")
     else:
         listed = "<p>No group to choose in.</p>"
     sections = [
@@ -93,9 +93,9 @@ def render_page(
         f'<p class="muted">{html.escape(listing.note())}.</p>' if listing.left_out else "",
         listed,
         "<h2>Evidence</h2>",
-        _table(*evidence_rows(decisions, links), "evidence") if decisions else "",
+        html_table(*evidence_rows(decisions, links), "evidence") if decisions else "",
         "<h2>Plots</h2>",
-        *(f"<h3>{html.escape(p.stem)}</h3>{_image(p)}" for p in plots),
+        *(f"<h3>{html.escape(p.stem)}</h3>{inline_image(p)}" for p in plots),
     ]
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from kvsweep.testing.fault_kinds import default_phase
+from kvsweep.testing.fault_kinds import Fault, default_phase
 
 # torch's own words when the driver is older than the CUDA the build needs (c10/cuda's driver check).
 DRIVER_TOO_OLD = (
@@ -25,19 +25,19 @@ DRIVER_TOO_OLD = (
 )
 
 
-def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]], during: str = "measure") -> str | None:
+def fault_for(cell: dict[str, Any], faults: list[dict[str, Any]], during: str = "measure") -> Fault | None:
     """The first fault for this phase whose `match` fields all equal the cell's."""
     for fault in faults:
         if (fault.get("during") or default_phase(fault["fault"])) != during:
             continue
         if all(str(cell.get(key)) == str(value) for key, value in fault.get("match", {}).items()):
-            return fault["fault"]
+            return Fault(fault["fault"], float(fault.get("ms_per_token") or 0.0))
     return None
 
 
-def cuda_init_for(fault: str | None) -> Callable[[], None] | None:
+def cuda_init_for(fault: Fault | None) -> Callable[[], None] | None:
     """What starts CUDA in place of `torch.cuda.init` for the `start` phase's fault (None: CUDA's own)."""
-    return _driver_too_old if fault == "cuda_init" else None
+    return _driver_too_old if fault is not None and fault.kind == "cuda_init" else None
 
 
 def _driver_too_old() -> None:
@@ -45,11 +45,17 @@ def _driver_too_old() -> None:
 
 
 class InjectFault(LogitsProcessor):
-    def __init__(self, fault: str) -> None:
-        self.fault = fault
+    """Runs after the token clock in the processor list, so a `slow` sleep falls after the token's time
+    stamp: TTFT is untouched and every gap between two tokens (each decode step) holds one sleep."""
+
+    def __init__(self, fault: Fault) -> None:
+        self.fault = fault.kind
+        self.sleep_s = fault.ms_per_token / 1000
         self.prompt_length: int | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.fault == "slow":
+            time.sleep(self.sleep_s)
         if self.fault == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by test)")
         if self.fault == "error":

@@ -11,7 +11,7 @@ from typing import Any
 from kvsweep.errors import ConfigError
 from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
 
-FAULT_KEYS = ("match", "fault", "during")
+FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
 SEAM_KEYS = ("faults", "runner", "sleep_s")
 
 
@@ -53,4 +53,9 @@ def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
         fires = "when the cell starts its device" if fault["fault"] in START_FAULTS else "inside generate"
         allowed = "start" if fault["fault"] in START_FAULTS else "measure or quality"
         raise ConfigError(f"testing.faults[{i}].during: {fault['fault']} fires {fires}; during must be {allowed}")
+    if (fault["fault"] == "slow") != ("ms_per_token" in fault):
+        raise ConfigError(f"testing.faults[{i}].ms_per_token: the slow fault needs it, and no other fault takes it")
+    given = fault.get("ms_per_token", 1)
+    if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
+        raise ConfigError(f"testing.faults[{i}].ms_per_token: {fault['ms_per_token']!r} is not a positive number")
     return fault

@@ -24,6 +24,14 @@ def latest_sweep(client: MlflowClient, experiment_id: str, sweep_key: str = "") 
     return runs[0].info.run_id if runs else None
 
 
+def sweep_parents(client: MlflowClient, experiment_id: str, name: str = "", newest: int = 1000) -> list[Run]:
+    """The experiment's sweep parent runs, newest first (only the sweep called `name`, when given)."""
+    query = f"tags.`{RunTag.ROLE}` = '{SWEEP_ROLE}'"
+    if name:
+        query += f" and tags.`{RunTag.SWEEP}` = '{name}'"  # a name holds no quote (the caller checks)
+    return client.search_runs([experiment_id], query, order_by=["attributes.start_time DESC"], max_results=newest)
+
+
 def child_runs(client: MlflowClient, experiment_id: str, parent_run_id: str) -> dict[str, Run]:
     """Cell runs by cell id (the latest one where, against the contract, there are several)."""
     runs = client.search_runs(

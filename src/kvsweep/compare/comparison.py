@@ -1,0 +1,137 @@
+"""Two sweeps side by side: cells matched by their grid coordinates, a verdict per cell and metric.
+
+Cells are matched by what was measured (model, dtype, context, batch, new tokens, cache, compile,
+inputs), never by cell id: an id also hashes the measuring protocol, which may differ between the
+two sweeps (the header says so when it does). A cell only one sweep has is `added` or `removed`; a
+cell whose status changed gets one row saying so, and a change away from `ok` is a regression.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvsweep.compare.environment import Difference, environment_differences, protocol_differences
+from kvsweep.compare.metrics import COMPARED, interval, value
+from kvsweep.compare.thresholds import Thresholds
+from kvsweep.compare.verdict import ADDED, REGRESSIONS, REMOVED, STATUS_CHANGED, judge
+from kvsweep.grid import CELL_FIELDS, Cell
+from kvsweep.names import ResultTag
+from kvsweep.results import OK, CellResult
+
+STATUS_METRIC, CELL_METRIC = "status", "cell"
+
+
+@dataclass(frozen=True)
+class SweepSide:
+    """One of the two sweeps: its parent run and what it measured."""
+
+    run_id: str
+    name: str
+    results: list[CellResult]
+    params: Mapping[str, str] = field(default_factory=dict)  # the parent run's params (its config)
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One cell and metric (or the cell's status, or the cell itself when only one sweep has it)."""
+
+    cell: Cell
+    metric: str
+    a: float | str | None
+    b: float | str | None
+    verdict: str
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    threshold: float | None = None
+    a_run: str = ""  # the cell's MLflow run in each sweep
+    b_run: str = ""
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict in REGRESSIONS or (self.verdict == STATUS_CHANGED and self.a == OK)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: SweepSide
+    b: SweepSide
+    rows: list[Row]
+    matched: int  # cells both sweeps have
+    thresholds: Thresholds
+    environment: list[Difference]
+    protocol: list[Difference]
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.regression]
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing got worse; 1: a regression or a status change away from ok."""
+        return 1 if self.regressions else 0
+
+
+def compare_sweeps(a: SweepSide, b: SweepSide, thresholds: Thresholds) -> Comparison:
+    mine, theirs = _by_cell(a.results), _by_cell(b.results)
+    rows: list[Row] = []
+    for cell in sorted(mine.keys() | theirs.keys(), key=_order):
+        x, y = mine.get(cell), theirs.get(cell)
+        if x is None or y is None:
+            verdict = REMOVED if y is None else ADDED
+            rows.append(Row(cell, CELL_METRIC, x and x.status, y and y.status, verdict, **_runs(x, y)))
+        elif x.status != y.status:
+            rows.append(Row(cell, STATUS_METRIC, x.status, y.status, STATUS_CHANGED, **_runs(x, y)))
+        elif x.status == OK:
+            rows.extend(_metric_rows(cell, x, y, thresholds))
+    return Comparison(
+        a,
+        b,
+        rows,
+        len(mine.keys() & theirs.keys()),
+        thresholds,
+        environment_differences(a.results, b.results),
+        protocol_differences(a.params, b.params),
+    )
+
+
+def _metric_rows(cell: Cell, x: CellResult, y: CellResult, thresholds: Thresholds) -> list[Row]:
+    contended = any(r.tags.get(ResultTag.CONTENDED) == "true" for r in (x, y))
+    rows = []
+    for compared in COMPARED:
+        va, vb = value(x.metrics, compared), value(y.metrics, compared)
+        ia, ib = interval(x.metrics, compared), interval(y.metrics, compared)
+        if va is None or vb is None or ia is None or ib is None:
+            continue
+        limit = thresholds.of(compared.name)
+        judged = judge(compared, ia, ib, (va, vb), limit, contended)
+        rows.append(
+            Row(
+                cell,
+                compared.name,
+                va,
+                vb,
+                judged.verdict,
+                judged.ratio,
+                judged.ratio_low,
+                judged.ratio_high,
+                limit,
+                **_runs(x, y),
+            )
+        )
+    return rows
+
+
+def _by_cell(results: list[CellResult]) -> dict[Cell, CellResult]:
+    return {r.cell: r for r in results}
+
+
+def _runs(x: CellResult | None, y: CellResult | None) -> dict[str, str]:
+    return {
+        "a_run": x.environment.get("mlflow_run_id", "") if x else "",
+        "b_run": y.environment.get("mlflow_run_id", "") if y else "",
+    }
+
+
+def _order(cell: Cell) -> tuple:
+    return tuple(getattr(cell, f) for f in CELL_FIELDS)
