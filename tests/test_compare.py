@@ -78,8 +78,8 @@ def test_kv_cache_bytes_are_exact_memory_peaks_get_their_own_allowance():
     kv, peak = BY_NAME[Metric.KV_CACHE_BYTES], BY_NAME[Metric.PEAK_HOST_RSS_BYTES]
     assert judge(kv, (1000.0, 1000.0), (1000.0, 1000.0), (1000.0, 1000.0), 0.5, False).verdict == "same"
     assert judge(kv, (1000.0, 1000.0), (1001.0, 1001.0), (1000.0, 1001.0), 0.5, False).verdict == "larger"
-    thresholds = Thresholds()  # defaults: timings 0.5, memory 0.05
-    assert thresholds.of(Metric.PEAK_HOST_RSS_BYTES) == 0.05 and thresholds.of(Metric.TTFT_MS) == 0.5
+    thresholds = Thresholds()  # defaults: timings 0.6, memory 0.05
+    assert thresholds.of(Metric.PEAK_HOST_RSS_BYTES) == 0.05 and thresholds.of(Metric.TTFT_MS) == 0.6
     # 106 / 100 = 1.06 > 1.05: larger; 104 / 100 is within the memory allowance
     assert judge(peak, (100.0, 100.0), (106.0, 106.0), (100.0, 106.0), 0.05, False).verdict == "larger"
     assert judge(peak, (100.0, 100.0), (104.0, 104.0), (100.0, 104.0), 0.05, False).verdict == "within noise"

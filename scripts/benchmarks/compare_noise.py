@@ -156,8 +156,8 @@ def run(quick: bool = False) -> Section:
         markdown_table(["pair", "within noise", "same", "contended", "called"], pair_rows),
         "",
         f"**Regressions called between identical sweeps at the defaults: {regressions}** (target: 0). "
-        f"Worst timing drift {100 * worst_timing:.1f}% against the 0.5 default; worst memory/quality drift "
-        f"{100 * worst_other:.1f}% against 0.05.",
+        f"Worst timing drift {100 * worst_timing:.1f}% against the {DEFAULT_THRESHOLD} default; worst "
+        f"memory/quality drift {100 * worst_other:.1f}% against {DEFAULT_MEMORY_THRESHOLD}.",
         "",
         f"What a user sees, `python -m kvsweep compare latest~1 latest` on the last two runs (exit {cli.returncode}):",
         "",
