@@ -8,31 +8,34 @@ stored bytes with real caches byte for byte. The dense formula is also the yards
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 
+from kvsweep.caches.layer_tokens import layer_kv_bytes, state_bytes, token_bytes, windows
 from kvsweep.caches.strategy import CacheStrategy, KvDims
 from kvsweep.dtypes import DTYPE_BYTES
 
-# Tokens each quantized layer keeps unquantized before flushing them into the packed store
-# (transformers' QuantizedLayer default `residual_length`).
-QUANTIZED_RESIDUAL_TOKENS = 128
-QUANTIZED_GROUP_SIZE = 64
-
-PackedCodes = Callable[[int], int]  # elements of one tensor -> bytes of its packed codes
+# (elements of one K or V tensor, the axis its groups run along) -> bytes of its packed codes
+PackedCodes = Callable[[int, int], int]
 
 
 def dense_kv_bytes(shape: KvDims, tokens: int, batch: int, dtype: str) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes per element."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * batch * DTYPE_BYTES[dtype]
+    """2 (K and V) x kv_heads x head_dim x the tokens each layer keeps of `tokens` x batch x bytes per element,
+    summed over the layers: a full-attention layer keeps all of them, a sliding-window or chunked one at most its
+    window, a state or shared layer none (`layer_tokens`). A model of full-attention layers only: 2 x layers x ..."""
+    one = token_bytes(shape, batch, dtype)
+    return sum(one * (tokens if w is None else min(tokens, w)) for w in windows(shape))
 
 
 def dense_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """Every cached token in the model's dtype (offloaded: host plus device)."""
-    return dense_kv_bytes(shape, prompt + decoded, batch, dtype)
+    """Every token each layer keeps, in the model's dtype, and any state layers' states (offloaded: host plus
+    device; a sliding layer as `layer_tokens.kept_tokens` says)."""
+    return sum(layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)) + state_bytes(shape, batch, dtype)
 
 
 def reserved_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """A static layout: its reserved length, or the request's when nothing is reserved."""
-    return dense_kv_bytes(shape, max(prompt + decoded, strategy.reserve_tokens or 0), batch, dtype)
+    """A static layout: its reserved length, or the request's when nothing is reserved (a sliding layer: at most
+    its window), and any state layers' states."""
+    return sum(layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)) + state_bytes(shape, batch, dtype)
 
 
 def allocated_bytes(
@@ -48,7 +51,10 @@ def attended_bytes(
     strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, step: int
 ) -> int:
     """Decode step `step` (1 ..) of a dense or static cache: attention reads the cache as it is after the
-    step's update (a static layout at its full allocation)."""
+    step's update (a static layout at its full allocation), on the device even when offloaded (an offloaded
+    sliding layer is read as a resident one: the concatenation, before only its view goes to the host)."""
+    if strategy.offloading:
+        strategy = replace(strategy, device_layers=None)
     return allocated_bytes(strategy, shape, batch, dtype, prompt, new, step)
 
 
@@ -68,7 +74,7 @@ def quantized_step_bytes(
     re-quantization every residual length (the cache's update, as a dynamic cache's append is not
     counted), and a backend's temporaries inside dequantize (HQQ unpacks, subtracts, scales).
     """
-    residual = (step - 1) % QUANTIZED_RESIDUAL_TOKENS
+    residual = (step - 1) % strategy.residual_length
     packed_tokens = prompt + step - 1 - residual
     stored = strategy.held_bytes(shape, batch, dtype, prompt, step - 1)  # the payload and the residual
 
@@ -83,36 +89,99 @@ def no_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, pro
 
 
 def quanto_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """quanto cuts a tensor into rows of one group, packs `8 // nbits` rows into one byte-row and pads the last."""
-    nbits = _nbits(strategy)
+    """quanto groups a tensor of n elements (group size g) as n/g rows of g (axis 0) or g rows of n/g
+    (axis -1), then packs `8 // nbits` rows into one row of bytes, padding the last:
+    codes = ceil(rows / (8 // nbits)) x columns bytes."""
+    per_byte = 8 // _nbits(strategy)
+    group = strategy.q_group_size
 
-    def codes(elements: int) -> int:
-        rows = elements // QUANTIZED_GROUP_SIZE
-        return -(-rows // (8 // nbits)) * QUANTIZED_GROUP_SIZE
+    def codes(elements: int, axis: int) -> int:
+        rows, columns = (elements // group, group) if axis == 0 else (group, elements // group)
+        return -(-rows // per_byte) * columns
 
-    return quantized_bytes(shape, batch, dtype, prompt, decoded, codes)
+    return quantized_bytes(strategy, shape, batch, dtype, prompt, decoded, codes)
 
 
 def hqq_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """HQQ packs 1, 2, 4 and 8-bit codes within a group into whole bytes."""
+    """HQQ groups a tensor of n elements (group size g) as g rows of n/g (axis 0) or n/g rows of g (axis 1)
+    and packs down the rows: 8, 4, 2 or 1-bit codes `8 // nbits` rows to a byte, exactly n x nbits / 8
+    bytes (the rows must divide evenly: `hqq_problem`); 3-bit codes ten rows to an int32, the rows
+    zero-padded to a multiple of ten: ceil(rows / 10) x columns x 4 bytes."""
     nbits = _nbits(strategy)
-    return quantized_bytes(shape, batch, dtype, prompt, decoded, lambda elements: elements * nbits // 8)
+    group = strategy.q_group_size
+
+    def codes(elements: int, axis: int) -> int:
+        if nbits != 3:
+            return elements * nbits // 8
+        rows, columns = (group, elements // group) if axis == 0 else (elements // group, group)
+        return -(-rows // 10) * columns * 4
+
+    return quantized_bytes(strategy, shape, batch, dtype, prompt, decoded, codes)
 
 
-def quantized_bytes(shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int, packed_codes: PackedCodes) -> int:
+def quantized_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int, packed_codes: PackedCodes
+) -> int:
     """A transformers QuantizedLayer cache, given how many bytes its backend packs a tensor's codes into.
 
     The whole prompt is quantized at the first update; each decode step appends one token to an
-    unquantized residual, and when the residual would reach `QUANTIZED_RESIDUAL_TOKENS` everything is
-    re-quantized and the residual emptied. So the residual is `decoded % QUANTIZED_RESIDUAL_TOKENS`
-    tokens, and the rest is packed codes plus a scale and a zero point per group of
-    `QUANTIZED_GROUP_SIZE` elements (stored in the model's dtype).
+    unquantized residual, and when the residual would reach the strategy's `residual_length` R,
+    everything is re-quantized and the residual emptied. So the residual is `decoded % R` tokens, and
+    the rest is packed codes (keys grouped along `axis_key`, values along `axis_value`) plus a scale and
+    a zero point per group of `q_group_size` elements, stored in the model's dtype.
     """
-    residual = decoded % QUANTIZED_RESIDUAL_TOKENS
+    residual = decoded % strategy.residual_length
     per_tensor = shape.kv_heads * shape.head_dim * (prompt + decoded - residual) * batch  # one layer's K (or V)
-    scales_and_zeros = (per_tensor // QUANTIZED_GROUP_SIZE) * 2 * DTYPE_BYTES[dtype]
-    quantized = 2 * shape.layers * (packed_codes(per_tensor) + scales_and_zeros)
+    scales_and_zeros = (per_tensor // strategy.q_group_size) * 2 * DTYPE_BYTES[dtype]
+    codes = packed_codes(per_tensor, strategy.axis_key) + packed_codes(per_tensor, strategy.axis_value)
+    quantized = shape.layers * (codes + 2 * scales_and_zeros)
     return quantized + dense_kv_bytes(shape, residual, batch, dtype)
+
+
+def quantized_token_counts(strategy: CacheStrategy, prompt: int, new: int) -> list[int]:
+    """The lengths a call quantizes K and V at: the prompt, then prompt + k x R at each residual flush
+    (a call of `new` tokens makes `new - 1` decode steps)."""
+    flushes = (new - 1) // strategy.residual_length if prompt > 0 else 0
+    return [prompt + k * strategy.residual_length for k in range(flushes + 1)]
+
+
+def quanto_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
+    """quanto's group size must divide the elements per slice of the axis: kv_heads x tokens x head_dim
+    (axis 0, one slice per batch row) or batch x kv_heads x tokens (axis -1, one per head-dim channel)."""
+    group = strategy.q_group_size
+    for tokens in quantized_token_counts(strategy, prompt, new):
+        for role, axis in (("key", strategy.axis_key), ("value", strategy.axis_value)):
+            if axis == 0:
+                per_slice, what = shape.kv_heads * tokens * shape.head_dim, "kv_heads x tokens x head_dim"
+            else:
+                per_slice, what = batch * shape.kv_heads * tokens, "batch x kv_heads x tokens"
+            if per_slice % group:
+                return (
+                    f"{strategy.name}: quanto's group size {group} must divide {what} = {per_slice} "
+                    f"({role} axis {axis}, {tokens} tokens)"
+                )
+    return None
+
+
+def hqq_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
+    """HQQ's group size must divide the tensor; along axis 1 its n/g rows must also pack whole bytes
+    (a multiple of `8 // nbits`), or HQQ drops codes and fails at the next decode step."""
+    group, nbits = strategy.q_group_size, _nbits(strategy)
+    for tokens in quantized_token_counts(strategy, prompt, new):
+        elements = batch * shape.kv_heads * tokens * shape.head_dim
+        if elements % group:
+            return (
+                f"{strategy.name}: HQQ's group size {group} must divide batch x kv_heads x tokens x head_dim "
+                f"= {elements} ({tokens} tokens)"
+            )
+        per_byte = 8 // nbits
+        for role, axis in (("key", strategy.axis_key), ("value", strategy.axis_value)):
+            if axis == 1 and nbits != 3 and (elements // group) % per_byte:
+                return (
+                    f"{strategy.name}: HQQ {nbits}-bit along {role} axis 1 packs {per_byte} groups to a byte, "
+                    f"but {tokens} tokens make {elements // group} groups"
+                )
+    return None
 
 
 def _nbits(strategy: CacheStrategy) -> int:

@@ -1,19 +1,25 @@
 """The one registry of KV cache strategies, in the order the report lists them (simplest first).
 
-A cell names its strategy as a string (`dynamic`, `static@4096`, `quantized-hqq-int4`); this module
-is the only place that string is parsed. `register` adds a strategy at run time (a test, a plugin):
-the driver sends such strategies to each cell's actor with the cell, so both sides know it.
+A cell names its strategy as a string (`dynamic`, `static@4096`, `quantized-hqq-int4@r256,g32`); this
+module is the only place that string is parsed: after `@`, a reserved length for a static layout, or a
+quantized layer's settings (r residual length, g group size, ak / av key / value axis). `register` adds
+a strategy at run time (a test, a plugin): the driver sends such strategies to each cell's actor with
+the cell, so both sides know it.
 """
 
 import contextlib
+import re
 from collections.abc import Iterator
+from dataclasses import replace
 
 from kvsweep.caches.accounting import (
     dense_bytes,
     hqq_bytes,
+    hqq_problem,
     no_bytes,
     quantized_step_bytes,
     quanto_bytes,
+    quanto_problem,
     reserved_bytes,
 )
 from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA
@@ -31,6 +37,7 @@ def _quantized(backend: str, package: str, layer_class: str, nbits: int) -> Cach
         implementation="quantized",
         stored_bytes=quanto_bytes if backend == "quanto" else hqq_bytes,
         decode_step_bytes=quantized_step_bytes,
+        shape_problem=quanto_problem if backend == "quanto" else hqq_problem,
         cache_class="QuantizedCache",
         layer_class=layer_class,
         requires=Requirements(
@@ -81,7 +88,7 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         device_layers=OFFLOADED_DEVICE_LAYERS,
     ),
     *(_quantized("quanto", "optimum.quanto", "QuantoQuantizedLayer", nbits) for nbits in (2, 4)),
-    *(_quantized("hqq", "hqq", "HQQQuantizedLayer", nbits) for nbits in (2, 4, 8)),
+    *(_quantized("hqq", "hqq", "HQQQuantizedLayer", nbits) for nbits in (1, 2, 3, 4, 8)),
     CacheStrategy(name="no_cache", family="none", implementation=None, stored_bytes=no_bytes),
 )
 
@@ -123,46 +130,106 @@ def reservable_names() -> tuple[str, ...]:
     return tuple(n for n, s in _REGISTRY.items() if s.preallocates)
 
 
+# A quantized name's `@` settings: the letters a user writes, and the `CacheStrategy` field each sets.
+SETTINGS = {"r": "residual_length", "g": "q_group_size", "ak": "axis_key", "av": "axis_value"}
+AXES = {"quanto": (0, -1), "hqq": (0, 1)}  # the axes each backend groups along (Transformers checks the same)
+SETTINGS_SYNTAX = "@r<residual length>,g<group size>,ak<key axis>,av<value axis>, any of them in any order"
+
+
 def allowed_cache_names() -> str:
     reserved = ", ".join(f"{n}{RESERVE_SEPARATOR}N" for n in reservable_names())
-    return ", ".join(cache_names()) + f" (and {reserved} to reserve N tokens)"
+    return (
+        ", ".join(cache_names())
+        + f" (and {reserved} to reserve N tokens; quantized-...{SETTINGS_SYNTAX}, e.g. quantized-hqq-int4@r256,g32)"
+    )
 
 
-def parse_cache_name(name: str) -> tuple[str, int | None]:
-    """`static@4096` -> ("static", 4096); `dynamic` -> ("dynamic", None). The only parser of `@N`."""
-    base, sep, reserve = name.partition(RESERVE_SEPARATOR)
-    if not sep:
-        return base, None
-    if not reserve.isdigit() or int(reserve) <= 0:
-        raise KeyError(f"unknown cache {name!r}: {RESERVE_SEPARATOR}N needs a positive whole number of tokens")
-    return base, int(reserve)
+def parse_cache_name(name: str) -> tuple[str, str | None]:
+    """`static@4096` -> ("static", "4096"); `dynamic` -> ("dynamic", None). What follows `@` means what
+    the strategy makes of it (`find_strategy`)."""
+    base, sep, rest = name.partition(RESERVE_SEPARATOR)
+    return base, rest if sep else None
 
 
 def get_strategy(name: str) -> CacheStrategy:
-    """Look a cache name up; raises KeyError with the allowed names when it is unknown."""
-    strategy = find_strategy(name)
+    """Look a cache name up; raises KeyError with a one-line message naming the bad part and what is allowed."""
+    base, rest = parse_cache_name(name)
+    strategy = _REGISTRY.get(base)
     if strategy is None:
+        if re.fullmatch(r"(r|g|ak|av)-?\d+", name):  # Hydra and YAML split `[a@r64,g32]` at its comma
+            raise KeyError(
+                f"unknown cache {name!r}: a comma inside [...] splits the list; quote a name with several "
+                "settings, e.g. 'grid.caches=[\"quantized-hqq-int4@r256,g32\"]'"
+            )
         raise KeyError(f"unknown cache {name!r}; allowed: {allowed_cache_names()}")
-    return strategy
+    if rest is None:
+        return strategy
+    if strategy.preallocates:
+        if not rest.isdigit() or int(rest) <= 0:
+            raise KeyError(
+                f"unknown cache {name!r}: {base}{RESERVE_SEPARATOR}N needs a positive whole number of tokens "
+                "(r, g, ak and av settings are for quantized caches)"
+            )
+        return strategy.reserving(int(rest))
+    if strategy.backend is not None:
+        return replace(strategy, name=name, **_quantized_settings(name, strategy, rest))
+    allowed = allowed_cache_names()
+    raise KeyError(f"unknown cache {name!r}: {base} takes no {RESERVE_SEPARATOR} part; allowed: {allowed}")
 
 
 def find_strategy(name: str) -> CacheStrategy | None:
     """The strategy, or None when the name is unknown here (e.g. a past run of a strategy registered then)."""
     try:
-        base, reserve = parse_cache_name(name)
+        return get_strategy(name)
     except KeyError:
         return None
-    strategy = _REGISTRY.get(base)
-    if strategy is None or (reserve is not None and not strategy.preallocates):
-        return None
-    return strategy if reserve is None else strategy.reserving(reserve)
+
+
+def _quantized_settings(name: str, strategy: CacheStrategy, text: str) -> dict[str, int]:
+    """`r256,g32,ak1` -> the `CacheStrategy` fields it sets, checked against what the backend accepts."""
+    axes = AXES.get(strategy.backend or "", (0,))
+    allowed_axes = " or ".join(str(a) for a in axes)
+    settings: dict[str, int] = {}
+    for part in text.split(","):
+        letters = part.rstrip("-0123456789")
+        number = part[len(letters) :]
+        field = SETTINGS.get(letters)
+        if field is None or not number.lstrip("-").isdigit():
+            raise KeyError(f"invalid cache {name!r}: bad setting {part!r}; allowed: {SETTINGS_SYNTAX}")
+        if field in settings:
+            raise KeyError(f"invalid cache {name!r}: {letters} is given more than once")
+        value = int(number)
+        if letters in ("r", "g") and value <= 0:
+            raise KeyError(f"invalid cache {name!r}: {part!r}: {letters} needs a positive whole number")
+        if letters in ("ak", "av") and value not in axes:
+            raise KeyError(f"invalid cache {name!r}: {part!r}: {strategy.backend}'s axes are {allowed_axes}")
+        settings[field] = value
+    _check_hqq_packing(name, replace(strategy, **settings))
+    return settings
+
+
+def _check_hqq_packing(name: str, strategy: CacheStrategy) -> None:
+    """HQQ packs codes down a group's rows: refuses what no request length can fix (`hqq_problem` the rest)."""
+    if strategy.backend != "hqq" or strategy.nbits is None:
+        return
+    nbits, group = strategy.nbits, strategy.q_group_size
+    for letters, axis in (("ak", strategy.axis_key), ("av", strategy.axis_value)):
+        if nbits == 3 and axis == 1:
+            raise KeyError(
+                f"invalid cache {name!r}: {letters}1: HQQ 3-bit loses its codes along axis 1 of a 4-D K/V tensor "
+                "(its dequantize slices rows by the first two dimensions); use axis 0"
+            )
+        if nbits in (1, 2, 4) and axis == 0 and group % (8 // nbits):
+            raise KeyError(
+                f"invalid cache {name!r}: g{group}: HQQ {nbits}-bit along axis 0 packs {8 // nbits} rows of a group "
+                f"to a byte; the group size must be a multiple of {8 // nbits}"
+            )
 
 
 def cache_rank(name: str) -> tuple[int, int]:
     """Registry order, simplest first (`dynamic` before `static` ...), then the reserved length of `@N`."""
     names = cache_names()
-    try:
-        base, reserve = parse_cache_name(name)
-    except KeyError:
-        base, reserve = name, None
+    base, _ = parse_cache_name(name)
+    strategy = find_strategy(name)
+    reserve = strategy.reserve_tokens if strategy is not None else None
     return (names.index(base) if base in names else len(names), reserve or 0)

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
 Family = Literal["dense", "static", "offloaded", "quantized", "none"]
 RESERVE_SEPARATOR = "@"
 
+# Transformers' `QuantizedLayer` defaults: a name without `@` settings asks for exactly these.
+DEFAULT_RESIDUAL_LENGTH = 128  # tokens kept unquantized before they are flushed into the packed store
+DEFAULT_GROUP_SIZE = 64  # elements sharing one scale and one zero point
+DEFAULT_AXIS = 0  # the axis each group runs along, for keys and for values
+
 
 class KvDims(Protocol):
     """The model shape the byte accounting needs (`models.resolve.KvShape` is one)."""
@@ -22,12 +27,18 @@ class KvDims(Protocol):
     layers: int
     kv_heads: int
     head_dim: int
+    # Per layer (both () when every layer is full attention): the tokens a layer keeps (None: all; a
+    # number: a sliding window or chunk; 0: no keys or values), and its fixed state's elements per batch row.
+    layer_windows: tuple[int | None, ...]
+    state_elements: tuple[int, ...]
 
 
 # (strategy, shape, batch, dtype, prompt tokens, decoded tokens) -> bytes the cache holds
 StoredBytes = Callable[["CacheStrategy", KvDims, int, str, int, int], int]
 # (strategy, shape, batch, dtype, prompt tokens, tokens the call makes, decode step 1 ..) -> device bytes
 StepBytes = Callable[["CacheStrategy", KvDims, int, str, int, int, int], int]
+# (strategy, shape, batch, prompt tokens, tokens the call makes) -> why the cache cannot hold it, or None
+ShapeProblem = Callable[["CacheStrategy", KvDims, int, int, int], str | None]
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,15 @@ class CacheStrategy:
     requires: Requirements = Requirements()
     backend: str | None = None  # quantized backend name for `cache_config`
     nbits: int | None = None
+    # The quantized layer's settings (`cache_config`), named as Transformers names them; a name's
+    # `@r256,g32,ak1,av1` sets them (registry.py). Ignored by strategies without a backend.
+    residual_length: int = DEFAULT_RESIDUAL_LENGTH
+    q_group_size: int = DEFAULT_GROUP_SIZE
+    axis_key: int = DEFAULT_AXIS
+    axis_value: int = DEFAULT_AXIS
+    # Why a request's tensors cannot be quantized with these settings (caches/accounting.py), before
+    # anything runs; None: any request fits.
+    shape_problem: ShapeProblem | None = None
     preallocates: bool = False  # static layout: the cache is allocated at its full length up front
     reserve_tokens: int | None = None  # static@N: tokens reserved whatever the request needs
     device_layers: int | None = None  # layers kept on the device at a time (offloading); None: all
@@ -114,6 +134,22 @@ class CacheStrategy:
         """This strategy as `name@tokens`: a static layout reserving `tokens` whatever the request needs."""
         return replace(self, name=f"{self.name}{RESERVE_SEPARATOR}{tokens}", reserve_tokens=tokens)
 
+    def quantized_settings(self) -> dict[str, int]:
+        """The settings that differ from Transformers' defaults (what a name's `@` part and a tag show)."""
+        if self.backend is None:
+            return {}
+        settings = {
+            "residual_length": (self.residual_length, DEFAULT_RESIDUAL_LENGTH),
+            "q_group_size": (self.q_group_size, DEFAULT_GROUP_SIZE),
+            "axis_key": (self.axis_key, DEFAULT_AXIS),
+            "axis_value": (self.axis_value, DEFAULT_AXIS),
+        }
+        return {key: value for key, (value, default) in settings.items() if value != default}
+
+    def request_problem(self, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
+        """Why this strategy cannot cache a request of `prompt` tokens making `new` (None: it can)."""
+        return None if self.shape_problem is None else self.shape_problem(self, shape, batch, prompt, new)
+
     def held_bytes(self, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
         """Bytes the cache holds after the prompt and `decoded` decode steps (offloaded: host plus device)."""
         return self.stored_bytes(self, shape, batch, dtype, prompt, decoded)
@@ -130,7 +166,14 @@ class CacheStrategy:
             return {"use_cache": False}
         kwargs: dict[str, Any] = {"cache_implementation": self.implementation}
         if self.backend is not None:
-            kwargs["cache_config"] = {"backend": self.backend, "nbits": self.nbits}
+            kwargs["cache_config"] = {
+                "backend": self.backend,
+                "nbits": self.nbits,
+                "residual_length": self.residual_length,
+                "q_group_size": self.q_group_size,
+                "axis_key": self.axis_key,
+                "axis_value": self.axis_value,
+            }
         if self.reserve_tokens is not None:
             kwargs["max_cache_len"] = self.reserve_tokens
         return kwargs

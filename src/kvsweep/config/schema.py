@@ -57,7 +57,9 @@ class GridConfig:
     batch_sizes: list[int] = _help(lambda: [1], "batch sizes", AT_LEAST_1)
     max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)", AT_LEAST_1)
     caches: list[str] = _help(
-        lambda: ["dynamic"], "cache strategies; static@N / offloaded_static@N reserve N tokens (at least the request's)"
+        lambda: ["dynamic"],
+        "cache strategies; static@N / offloaded_static@N reserve N tokens (at least the request's); "
+        "quantized-*@r256,g32,ak1,av1 set the residual length, group size and key/value axes (quote the name)",
     )
     compile: list[bool] = _help(lambda: [False], "compile the forward (static strategies only)")
 

@@ -7,7 +7,7 @@ allowed names and the checks that compare one key with another.
 import dataclasses
 from typing import Any
 
-from kvsweep.caches import allowed_cache_names, get_strategy
+from kvsweep.caches import get_strategy
 from kvsweep.config.schema import Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
@@ -26,8 +26,8 @@ def validate(cfg: dict[str, Any]) -> None:
     for i, name in enumerate(grid["caches"]):
         try:
             get_strategy(name)
-        except KeyError:
-            raise ConfigError(f"grid.caches[{i}]: unknown cache {name!r}; allowed: {allowed_cache_names()}") from None
+        except KeyError as err:  # the registry's one-line message names the bad part and what is allowed
+            raise ConfigError(f"grid.caches[{i}]: {err.args[0]}") from None
     for i, dtype in enumerate(grid["dtypes"]):
         if dtype not in DTYPES:
             raise ConfigError(f"grid.dtypes[{i}]: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")

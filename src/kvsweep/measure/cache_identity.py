@@ -10,6 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsweep.caches import CacheStrategy
+from kvsweep.caches.strategy import DEFAULT_AXIS, DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH
+
+# A quantized layer's settings as the layer object names them, with the value a tag leaves unsaid.
+QUANTIZED_SETTINGS = {
+    "residual_length": DEFAULT_RESIDUAL_LENGTH,
+    "q_group_size": DEFAULT_GROUP_SIZE,
+    "axis_key": DEFAULT_AXIS,
+    "axis_value": DEFAULT_AXIS,
+}
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,11 @@ class CacheIdentity:
     offloading: bool = False
     max_cache_len: int | None = None  # the longest layer's reserved length (static layouts)
     nbits: int | None = None
+    # A quantized layer's settings, as every layer holds them (None: not exposed, or the layers differ)
+    residual_length: int | None = None
+    q_group_size: int | None = None
+    axis_key: int | None = None
+    axis_value: int | None = None
 
     @property
     def tag(self) -> str:
@@ -33,6 +47,10 @@ class CacheIdentity:
             text += f" max_cache_len={self.max_cache_len}"
         if self.nbits is not None:
             text += f" nbits={self.nbits}"
+        for setting, default in QUANTIZED_SETTINGS.items():
+            value = getattr(self, setting)
+            if value is not None and value != default:
+                text += f" {setting}={value}"
         if self.offloading:
             text += " offloading=true"
         return text
@@ -45,14 +63,20 @@ def describe_cache(cache: Any) -> CacheIdentity:
     # A sliding-window layer reserves only its window: the request's length is what full layers hold.
     full = [layer for layer in layers if not getattr(layer, "is_sliding", False)]
     lengths = [n for n in (getattr(layer, "max_cache_len", None) for layer in full) if isinstance(n, int)]
-    bits = {getattr(layer, "nbits", None) for layer in layers} - {None}
     return CacheIdentity(
         cache_classes=_class_names(cache),
         layer_classes=tuple(_class_names(layer) for layer in layers),
         offloading=bool(getattr(cache, "offloading", False)),
         max_cache_len=max(lengths) if lengths else None,
-        nbits=bits.pop() if len(bits) == 1 else None,
+        nbits=_shared(layers, "nbits"),
+        **{setting: _shared(layers, setting) for setting in QUANTIZED_SETTINGS},
     )
+
+
+def _shared(layers: list[Any], attribute: str) -> int | None:
+    """The value every layer that has `attribute` holds; None when none has it or they differ."""
+    values = {getattr(layer, attribute, None) for layer in layers} - {None}
+    return values.pop() if len(values) == 1 else None
 
 
 def mismatch(strategy: CacheStrategy, got: CacheIdentity, cached_tokens: int) -> str | None:
@@ -71,6 +95,12 @@ def mismatch(strategy: CacheStrategy, got: CacheIdentity, cached_tokens: int) ->
             problems.append("offloading")
         if strategy.nbits is not None and got.nbits != strategy.nbits:
             problems.append("nbits")
+        if strategy.backend is not None:  # checked where the layers expose them (Transformers' do)
+            problems += [
+                setting
+                for setting in QUANTIZED_SETTINGS
+                if getattr(got, setting) is not None and getattr(got, setting) != getattr(strategy, setting)
+            ]
         # None: every layer slides (reserves only its window), so no layer shows the request's length
         length = got.max_cache_len
         if strategy.preallocates and length is not None and length != expected_length(strategy, cached_tokens):
@@ -94,6 +124,7 @@ def expected_tag(strategy: CacheStrategy, cached_tokens: int) -> str:
         offloading=strategy.offloading,
         max_cache_len=expected_length(strategy, cached_tokens) if strategy.preallocates else None,
         nbits=strategy.nbits,
+        **{setting: getattr(strategy, setting) for setting in QUANTIZED_SETTINGS if strategy.backend is not None},
     ).tag
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from kvsweep.models.presets import PRESETS
-from kvsweep.models.shape import KvShape
+from kvsweep.models.shape import KvShape, layer_layout
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -39,9 +39,19 @@ def load_config(ref: ModelRef, trust_remote_code: bool = False) -> "PretrainedCo
 
 
 def kv_shape(config: "PretrainedConfig") -> KvShape:
+    """The same description `models.shape.shape_from_dict` reads from a plain config, here from Transformers' own
+    per-layer types (`get_layer_types_and_kwargs`, what its caches are built from): a kind kvsweep does not know
+    is counted as full attention."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
     text = config.get_text_config(decoder=True)
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+    windows = [kwargs.get("sliding_window") for kwargs in layer_kwargs]
+    model_type = getattr(text, "model_type", None)
+    # unknown kinds, and a window Transformers left unset, count as full attention
+    layout = layer_layout(layer_types, text.to_dict(), model_type, windows, unknown_is_full=True) or ((), ())
     return KvShape(
         layers=text.num_hidden_layers,
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
@@ -50,6 +60,8 @@ def kv_shape(config: "PretrainedConfig") -> KvShape:
         hidden_size=text.hidden_size,
         intermediate_size=getattr(text, "intermediate_size", 0) or 4 * text.hidden_size,
         vocab_size=text.vocab_size,
+        layer_windows=layout[0],
+        state_elements=layout[1],
     )
 
 

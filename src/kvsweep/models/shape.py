@@ -3,12 +3,21 @@
 Planning a sweep needs only a handful of numbers from a model's config. Reading them from the
 preset table or a folder's `config.json` keeps torch and Transformers (3-4 s of imports) off the
 path from the command to the first cell; only a config this module cannot read (other attribute
-names, custom code, a Hub id) goes through Transformers' `AutoConfig`.
+names, custom code, a Hub id, layer kinds its config class derives itself) goes through
+Transformers' `AutoConfig`.
+
+Transformers builds a cache from per-layer types (`layer_types`): a full-attention layer keeps every
+token, a sliding-window or chunked one only its window, a linear-attention or conv layer a fixed
+state and no keys or values, and a layer that shares another's cache (or has no attention) nothing.
+`KvShape.layer_windows` and `state_elements` describe that, layer by layer; both stay empty for a
+model whose every layer is full attention, so such a model is counted exactly as before.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+NO_KV = 0  # a layer window that keeps no keys or values (a state layer, a shared or attention-free layer)
 
 
 @dataclass(frozen=True)
@@ -20,9 +29,42 @@ class KvShape:
     hidden_size: int = 0
     intermediate_size: int = 0
     vocab_size: int = 0
+    # Per layer, in cache order; () when every layer is full attention. None: keeps every token; a
+    # number: keeps at most that many (a sliding window or an attention chunk); NO_KV: keeps none.
+    layer_windows: tuple[int | None, ...] = ()
+    # Per layer, elements of its fixed conv/recurrent state per batch row, in the model's dtype; () if none.
+    state_elements: tuple[int, ...] = ()
 
 
 REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
+
+# Transformers' layer types (`cache_utils.get_layer_types_and_kwargs`), by what their cache layer keeps.
+FULL_TYPES = frozenset({"full_attention", "hybrid"})
+WINDOW_TYPES = {"sliding_attention": "sliding_window", "hybrid_sliding": "sliding_window"}
+CHUNK_TYPES = {"chunked_attention": "attention_chunk_size"}
+STATE_TYPES = frozenset({"conv", "linear_attention", "hybrid", "hybrid_sliding"})
+EMPTY_TYPES = frozenset({"dummy", "moe", "mlp"})
+# Keys from which a config class derives its own layer types when `layer_types` is not written down:
+# the plain reader cannot know the rule of every class, so it leaves such a config to Transformers.
+DERIVING_KEYS = (
+    "sliding_window",
+    "attention_chunk_size",
+    "sliding_window_pattern",
+    "full_attn_idxs",
+    "layers_block_type",
+    "attn_layer_indices",
+    "hybrid_override_pattern",
+)
+
+
+def _lfm2_state(text: Mapping[str, Any]) -> int:
+    """LFM2's short convolution keeps the last `conv_L_cache` positions of every hidden channel."""
+    return text["hidden_size"] * text.get("conv_L_cache", 3)
+
+
+# State elements per batch row of one state layer, by model type. A model type missing here has its
+# state layers counted as holding no bytes (docs/metrics.md says so).
+STATE_ELEMENTS: dict[str, Callable[[Mapping[str, Any]], int]] = {"lfm2": _lfm2_state}
 
 
 def text_part(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -36,6 +78,16 @@ def shape_from_dict(config: Mapping[str, Any]) -> KvShape | None:
     text = text_part(config)
     if any(not isinstance(text.get(key), int) for key in REQUIRED):
         return None
+    if text.get("kv_sharing_modes") is not None:
+        return None  # layers that reuse another's cache: Transformers decides which
+    layer_types = text.get("layer_types")
+    if layer_types is None:
+        if any(text.get(key) not in (None, False) for key in DERIVING_KEYS):
+            return None  # the config class derives its layer types: only Transformers knows how
+        layer_types = ["full_attention"] * text["num_hidden_layers"]
+    layout = layer_layout(layer_types, text, text.get("model_type") or config.get("model_type"))
+    if layout is None:
+        return None
     heads, hidden = text["num_attention_heads"], text["hidden_size"]
     return KvShape(
         layers=text["num_hidden_layers"],
@@ -45,4 +97,44 @@ def shape_from_dict(config: Mapping[str, Any]) -> KvShape | None:
         hidden_size=hidden,
         intermediate_size=text.get("intermediate_size") or 4 * hidden,
         vocab_size=text["vocab_size"],
+        layer_windows=layout[0],
+        state_elements=layout[1],
     )
+
+
+def layer_layout(
+    layer_types: Sequence[str],
+    text: Mapping[str, Any],
+    model_type: str | None,
+    windows: Sequence[int | None] | None = None,
+    unknown_is_full: bool = False,
+) -> tuple[tuple[int | None, ...], tuple[int, ...]] | None:
+    """(`layer_windows`, `state_elements`) for these layer types, both () when every layer is full attention.
+
+    `windows`: each layer's window as Transformers resolved it (a chunked layer's chunk included); None
+    reads it from the config. None when a type or its window is unknown here, unless `unknown_is_full`
+    (the Transformers reader: an unknown kind is counted as full attention, as every layer was before).
+    """
+    kept: list[int | None] = []
+    states: list[int] = []
+    state_of = STATE_ELEMENTS.get(model_type or "")
+    for index, layer_type in enumerate(layer_types):
+        window: int | None
+        if layer_type in WINDOW_TYPES or layer_type in CHUNK_TYPES:
+            key = WINDOW_TYPES.get(layer_type) or CHUNK_TYPES[layer_type]
+            window = text.get(key) if windows is None else windows[index]
+            if not isinstance(window, int):
+                return None
+        elif layer_type in FULL_TYPES:
+            window = None
+        elif layer_type in STATE_TYPES or layer_type in EMPTY_TYPES:
+            window = NO_KV
+        elif unknown_is_full:
+            window = None
+        else:
+            return None
+        kept.append(window)
+        states.append(state_of(text) if layer_type in STATE_TYPES and state_of is not None else 0)
+    if all(w is None for w in kept) and not any(states):
+        return (), ()
+    return tuple(kept), tuple(states) if any(states) else ()

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsweep.caches import get_strategy
+from kvsweep.caches.layer_tokens import quantized_layers_problem
 from kvsweep.caches.native_build import Toolchain, build_problem
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
@@ -101,4 +102,7 @@ def skip_reason(
         needed = max(cell.context_length + cell.max_new_tokens, strategy.reserve_tokens or 0)
         if needed > shape.max_positions:
             return f"needs {needed} positions; {cell.model} has {shape.max_positions}"
+    if shape is not None:  # what the cache's backend would refuse, found before it fails inside generate
+        request = (shape, cell.batch_size, cell.context_length, cell.max_new_tokens)
+        return quantized_layers_problem(strategy, *request) or strategy.request_problem(*request)
     return None

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy, get_strategy
-from kvsweep.caches.accounting import allocated_bytes, attended_bytes, dense_kv_bytes
+from kvsweep.caches.accounting import attended_bytes, dense_kv_bytes
+from kvsweep.caches.layer_tokens import device_kv_bytes, offloaded_kv_bytes, state_bytes
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 
@@ -30,10 +31,11 @@ def decode_kv_traffic(
 
     Device memory: what the strategy's entry says a step reads and writes (`decode_step_bytes`, by
     default the cache after the step's update). Host link, an offloaded cache only: `Cache.update`
-    brings every layer to the device before its attention and sends the whole layer back after its
-    update (kvsweep's models have no sliding layers, which would stay), so the link carries the cache
-    as it was before the step and as it is after (`host_link_step_bytes`); attention still reads each
-    layer from device memory, so the device figure is the dense one. Appending the new token to the
+    brings every offloaded layer to the device before its attention and sends the whole layer back
+    after its update (a static cache keeps its sliding layers on the device, a dynamic one moves them
+    too: `layer_tokens.offloads`), so the link carries those layers as they were before the step and
+    as they are after (`host_link_step_bytes`); attention still reads each layer from device memory,
+    so the device figure is the dense one. Appending the new token to the
     stored cache is the cache's own update and is not counted (a dynamic layer concatenates it into a
     new tensor; a static one writes one slot).
     """
@@ -48,11 +50,20 @@ def decode_kv_traffic(
 def host_link_step_bytes(
     strategy: CacheStrategy, shape: KvShape, batch: int, dtype: str, prompt: int, new: int, step: int
 ) -> int:
-    """An offloaded cache's decode step `step` (1 ..) over the host link: every layer to the device as it
-    was before the step, and back as it is after (a static layout: its full allocation both ways)."""
-    return allocated_bytes(strategy, shape, batch, dtype, prompt, new, step - 1) + allocated_bytes(
+    """An offloaded cache's decode step `step` (1 ..) over the host link: every offloaded layer to the device
+    as it was before the step, and back as it is after (a static layout: its full allocation both ways)."""
+    return offloaded_allocation(strategy, shape, batch, dtype, prompt, new, step - 1) + offloaded_allocation(
         strategy, shape, batch, dtype, prompt, new, step
     )
+
+
+def offloaded_allocation(
+    strategy: CacheStrategy, shape: KvShape, batch: int, dtype: str, prompt: int, new: int, decoded: int
+) -> int:
+    """The offloaded layers' bytes after `decoded` decode steps of a call making `new` tokens (a static layout
+    at its full length from the start, as `accounting.allocated_bytes`)."""
+    held_at = new - 1 if strategy.preallocates else decoded
+    return offloaded_kv_bytes(strategy, shape, batch, dtype, prompt, held_at)
 
 
 def _mean_over_decode(per_step: Callable[[int], float], new: int) -> float:
@@ -62,11 +73,23 @@ def _mean_over_decode(per_step: Callable[[int], float], new: int) -> float:
 
 
 def cell_dense_kv_bytes(cell: Cell, shape: KvShape) -> int:
-    """The contract's `kv_cache_bytes_dense` for a cell: every cached token in the model's dtype."""
-    return dense_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+    """The contract's `kv_cache_bytes_dense` for a cell: the tokens each layer keeps of every cached token (a
+    sliding or chunked layer: at most its window), in the model's dtype, and any state layers' states."""
+    tokens = cell.cached_tokens
+    return dense_kv_bytes(shape, tokens, cell.batch_size, cell.dtype) + state_bytes(shape, cell.batch_size, cell.dtype)
 
 
 def cell_stored_kv_bytes(cell: Cell, shape: KvShape) -> int:
     """What the cell's cache holds when `generate` returns (its measured `kv_cache_bytes`)."""
     strategy = get_strategy(cell.cache)
     return strategy.held_bytes(shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens - 1)
+
+
+def cell_device_kv_bytes(cell: Cell, shape: KvShape) -> int:
+    """Of what the cell's cache holds when `generate` returns, the bytes on the device: all of it, or for an
+    offloaded cache the layers it keeps there and the `device_layers` largest of those it moves."""
+    strategy = get_strategy(cell.cache)
+    if not strategy.offloading:
+        return cell_stored_kv_bytes(cell, shape)
+    decoded = cell.max_new_tokens - 1
+    return device_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, decoded)

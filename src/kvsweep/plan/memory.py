@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.caches.accounting import dense_kv_bytes
+from kvsweep.caches.layer_tokens import token_bytes, windows
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
-from kvsweep.plan.kv_bytes import cell_stored_kv_bytes
+from kvsweep.plan.kv_bytes import cell_device_kv_bytes
 from kvsweep.units import GB
 
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
@@ -36,8 +36,8 @@ class MemoryEstimate:
 def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameters: int) -> MemoryEstimate:
     bytes_per = DTYPE_BYTES[cell.dtype]
     tokens = cell.cached_tokens
-    stored = strategy.kv_device_bytes(cell_stored_kv_bytes(cell, shape), shape.layers)
-    one_layer_kv = dense_kv_bytes(shape, tokens, cell.batch_size, cell.dtype) // max(shape.layers, 1)
+    stored = cell_device_kv_bytes(cell, shape)
+    one_layer_kv = largest_layer_kv_bytes(shape, tokens, cell.batch_size, cell.dtype)
     rows = cell.batch_size * cell.context_length  # prefill processes every prompt token at once
     activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * bytes_per
     logits = cell.batch_size * shape.vocab_size * 4 * 2  # last position, upcast to fp32, plus softmax
@@ -52,6 +52,12 @@ def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameter
             + 2 * one_layer_kv
         )
     return MemoryEstimate(parameters * bytes_per, stored, working)
+
+
+def largest_layer_kv_bytes(shape: KvShape, tokens: int, batch: int, dtype: str) -> int:
+    """The largest one layer's K and V at `tokens` cached tokens (a full-attention layer, if the model has one)."""
+    one = token_bytes(shape, batch, dtype)
+    return max((one * (tokens if w is None else min(tokens, w)) for w in windows(shape)), default=0)
 
 
 def fits(estimate: MemoryEstimate, device_bytes: int) -> bool:

@@ -8,7 +8,10 @@ first layer back, and every decode step moves each layer there and back, whole: 
 cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB per token, seconds
 over PCIe), enough for a cell to run past its timeout and be retried for nothing. A step's bytes are
 `kv_bytes.decode_kv_traffic`'s host-link figure, the one the cell reports as
-`decode_host_link_bytes_per_token`, so prediction and measurement can be set side by side.
+`decode_host_link_bytes_per_token`, so prediction and measurement can be set side by side. "Each layer"
+is each offloaded layer: an `offloaded` (dynamic) cache moves every attention layer, a sliding one as the
+copy of its kept view; an `offloaded_static` cache keeps its sliding layers on the device; state layers
+never move (`caches/layer_tokens.py`).
 
 The predicted time is these host-link transfers alone over the most calls the cell's measurement
 rules allow (`plan/calls.py`): no compute, no model load, no call of the quality check's dynamic
@@ -31,11 +34,12 @@ a host thread far ahead of its copies can briefly hold more than one block per t
 """
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.caches.accounting import allocated_bytes
+from kvsweep.caches.layer_tokens import kept_tokens, offloads, token_bytes, windows
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.calls import CallCount, task_calls, worst_case_calls
@@ -82,25 +86,31 @@ def next_power_of_two(n: int) -> int:
 
 
 def pinned_host_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> int:
-    """Every layer's keys and values, one block for each power of two they are rounded to during a call:
-    after the prefill (decoded 0) and after each decode step (see the module docstring)."""
-    layers = max(shape.layers, 1)
-    sizes = {next_power_of_two(total // (2 * layers)) for total in _cache_after_each_step(cell, strategy, shape)}
-    return 2 * layers * sum(sizes)
+    """Every offloaded layer's keys and values, one block for each power of two they are rounded to during a
+    call: after the prefill (decoded 0) and after each decode step (see the module docstring). Layers the
+    cache keeps on the device (a static cache's sliding layers, state layers) take no pinned memory."""
+    half_token = token_bytes(shape, cell.batch_size, cell.dtype) // 2  # one token of one layer's K (or V)
+    blocks = 0
+    for window, count in Counter(w for w in windows(shape) if offloads(strategy, w)).items():
+        sizes = {next_power_of_two(half_token * tokens) for tokens in _tokens_after_each_step(cell, strategy, window)}
+        blocks += 2 * count * sum(sizes)
+    return blocks
 
 
 def prefill_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> float:
-    """The prefill offloads every layer once, then prefetches the first for the next step."""
-    layers = max(shape.layers, 1)
-    return next(_cache_after_each_step(cell, strategy, shape)) * (layers + 1) / layers
+    """The prefill offloads every offloaded layer once, then prefetches the first of them for the next step."""
+    one = token_bytes(shape, cell.batch_size, cell.dtype)
+    moved = [w for w in windows(shape) if offloads(strategy, w)]
+    after_prefill = [one * next(_tokens_after_each_step(cell, strategy, w)) for w in moved]
+    return float(sum(after_prefill) + (after_prefill[0] if after_prefill else 0))
 
 
-def _cache_after_each_step(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> Iterator[int]:
-    """The whole cache as it goes to the host after the prefill (decoded 0), then after each decode step."""
+def _tokens_after_each_step(cell: Cell, strategy: CacheStrategy, window: int | None) -> Iterator[int]:
+    """Tokens a layer with this window sends to the host after the prefill (decoded 0), then after each decode
+    step (a static layout: its full allocation every time)."""
     for decoded in range(cell.max_new_tokens):
-        yield allocated_bytes(
-            strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens, decoded
-        )
+        held_at = cell.max_new_tokens - 1 if strategy.preallocates else decoded
+        yield kept_tokens(strategy, window, cell.context_length, held_at)
 
 
 def estimate_offload(

@@ -1,0 +1,105 @@
+"""What each layer of a cache keeps, as Transformers' cache layers keep it: the per-layer half of the accounting.
+
+A full-attention layer keeps every token. A sliding-window or chunked layer (`DynamicSlidingWindowLayer`,
+`StaticSlidingWindowLayer`) keeps its window:
+
+- dynamic: `update` concatenates the kept tokens with the new ones and keeps a view of the last
+  `window - 1`; the view holds the whole concatenation's storage, so after the prefill the layer holds
+  the prompt, and after a decode step `min(tokens, window)`;
+- static: the layer allocates `min(window, reserved length)` tokens once;
+- offloaded (dynamic): the copy to the host takes only the view, `min(tokens, window - 1)`, and the copy
+  back to the device is of that copy.
+
+A state layer (linear attention, a short convolution) keeps a fixed state and no keys or values; a layer
+that shares another's cache, or has no attention, keeps nothing. Which layers an offloaded cache moves
+follows Transformers' defaults: a `DynamicCache` offloads every attention layer
+(`offload_only_non_sliding=False`), a `StaticCache` keeps its sliding layers on the device (`True`);
+state layers never move.
+"""
+
+from kvsweep.caches.strategy import CacheStrategy, KvDims
+from kvsweep.dtypes import DTYPE_BYTES
+
+
+def windows(shape: KvDims) -> tuple[int | None, ...]:
+    """Each layer's window (None: full attention; 0: no keys or values)."""
+    return shape.layer_windows or (None,) * shape.layers
+
+
+def state_bytes(shape: KvDims, batch: int, dtype: str) -> int:
+    """Every state layer's fixed state (kept from the prefill on, whatever the length)."""
+    return sum(shape.state_elements) * batch * DTYPE_BYTES[dtype]
+
+
+def token_bytes(shape: KvDims, batch: int, dtype: str) -> int:
+    """One token of one layer: K and V."""
+    return 2 * shape.kv_heads * shape.head_dim * batch * DTYPE_BYTES[dtype]
+
+
+def kept_tokens(strategy: CacheStrategy, window: int | None, prompt: int, decoded: int, attended: bool = False) -> int:
+    """Tokens one layer's K (or V) holds after the prefill and `decoded` decode steps.
+
+    `attended`: what attention reads after that step's update instead (an offloaded dynamic sliding layer
+    attends over the concatenation on the device, one token more than the view it sends to the host).
+    """
+    if window == 0:
+        return 0
+    if strategy.preallocates:
+        length = max(prompt + decoded, strategy.reserve_tokens or 0)
+        return length if window is None else min(window, length)
+    tokens = prompt + decoded
+    if window is None:
+        return tokens
+    if strategy.offloading and not attended:
+        return min(tokens, window - 1)
+    return prompt if decoded == 0 and not attended else min(tokens, window)
+
+
+def offloads(strategy: CacheStrategy, window: int | None) -> bool:
+    """Whether an offloaded strategy moves a layer with this window between host and device each step."""
+    if not strategy.offloading or window == 0:
+        return False
+    return window is None or not strategy.preallocates
+
+
+def layer_kv_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int, attended: bool = False
+) -> list[int]:
+    """K and V bytes of every layer, in order (states not included)."""
+    one = token_bytes(shape, batch, dtype)
+    return [one * kept_tokens(strategy, w, prompt, decoded, attended) for w in windows(shape)]
+
+
+def offloaded_kv_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int
+) -> int:
+    """The bytes of the layers the strategy moves over the host link (0 when it does not offload)."""
+    held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
+    return sum(b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w))
+
+
+def device_kv_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
+    """Of what the cache holds, the bytes on the device: all of it, or for an offloaded cache the layers it
+    keeps there and the largest `device_layers` of those it moves (the one in use and the one prefetched)."""
+    held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
+    states = state_bytes(shape, batch, dtype)
+    if strategy.device_layers is None:
+        return sum(held) + states
+    moved = sorted((b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w)), reverse=True)
+    resident = sum(b for b, w in zip(held, windows(shape), strict=True) if not offloads(strategy, w))
+    return resident + states + sum(moved[: strategy.device_layers])
+
+
+def quantizable(shape: KvDims) -> bool:
+    """Transformers' `QuantizedCache` refuses any model with a layer that is not full attention."""
+    return not shape.layer_windows and not shape.state_elements
+
+
+def quantized_layers_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
+    """Why a quantized strategy cannot run on this model (a `ShapeProblem`), or None."""
+    if strategy.backend is None or quantizable(shape):
+        return None
+    return (
+        f"{strategy.name}: Transformers' QuantizedCache holds only full-attention layers; this model has "
+        "sliding-window, chunked or state layers"
+    )

@@ -1,0 +1,237 @@
+"""Sliding-window, chunked and hybrid layers counted byte for byte (issue 25, item 2).
+
+Transformers' caches keep per-layer kinds: a sliding-window or chunked layer keeps only its window, a
+state layer a fixed state. The planner's bytes must equal the real cache's on models of every kind,
+with contexts past the window; the hand computations here restate how Transformers' layers hold
+tokens, independently of kvsweep's accounting.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from kvsweep.caches import get_strategy
+from kvsweep.caches.layer_tokens import quantized_layers_problem
+from kvsweep.cell.run import run_cell
+from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.models.build import build_model
+from kvsweep.models.facts import read_facts
+from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep.models.shape import KvShape, shape_from_dict
+from kvsweep.plan.cell_plan import plan_cell
+from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
+from kvsweep.plan.memory import estimate_peak
+from kvsweep.plan.offload import pinned_host_bytes, prefill_bytes
+from kvsweep.testing.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config
+
+PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
+# One token of one layer's K and V: 2 x 2 KV heads x head_dim 8 x 4 bytes (float32, batch 1)
+LAYER_TOKEN = 2 * 2 * 8 * 4
+SLIDING = ["tiny-mistral-sliding", "tiny-gemma3-alternating", "tiny-gpt-oss-alternating", "tiny-llama4-chunked"]
+CPU_CACHES = ["dynamic", "static", "static@40", "no_cache"]
+# (context, new tokens, batch, dtype): the prompt already past the window; the window crossed while decoding
+FAST_SHAPES = [(30, 8, 1, "float32"), (10, 12, 1, "float32")]
+SLOW_SHAPES = [(40, 20, 2, "bfloat16"), (24, 1, 1, "float32")]  # batch 2 in bf16; no decode step at all
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("layer-kinds")
+    return {name: save_tiny_layer_kind(name, root / name) for name in TINY_LAYER_KINDS}
+
+
+def expected_windows(name: str) -> tuple[int | None, ...]:
+    """Each tiny model's layers as its config says: a window of 16 tokens, or every token (None), or no K/V (0)."""
+    return {
+        "tiny-mistral-sliding": (WINDOW,) * 4,
+        "tiny-gemma3-alternating": (WINDOW, None) * 2,
+        "tiny-gpt-oss-alternating": (WINDOW, None) * 2,
+        "tiny-llama4-chunked": (WINDOW, None) * 2,
+        "tiny-lfm2-hybrid": (0, None) * 2,
+    }[name]
+
+
+@pytest.mark.parametrize("name", sorted(TINY_LAYER_KINDS))
+def test_both_shape_readers_describe_the_layers_transformers_builds(folders, name):
+    """The torch-free reader (a folder's config.json) and Transformers' config agree, layer by layer; a config
+    whose class derives its layer types itself (Mistral's window) is left to Transformers, not guessed."""
+    config = load_config(classify(str(folders[name])))
+    from_transformers = kv_shape(config)
+    assert from_transformers.layer_windows == expected_windows(name)
+    plain = shape_from_dict(json.loads((folders[name] / "config.json").read_text()))
+    assert plain == (None if name == "tiny-mistral-sliding" else from_transformers)
+    assert read_facts(classify(str(folders[name]))).shape == from_transformers
+    if name == "tiny-lfm2-hybrid":  # a short convolution keeps hidden 32 x conv_L_cache 3 per batch row
+        assert from_transformers.state_elements == (32 * 3, 0) * 2
+
+
+def _run(folder: Path, cache: str, shape: tuple) -> tuple[Cell, dict]:
+    context, new, batch, dtype = shape
+    cell = Cell(str(folder), dtype, context, batch, new, cache, False)
+    return cell, run_cell(cell.to_dict(), PROTO)
+
+
+def _planner_against_measured(folders, names, caches, shapes) -> dict:
+    wrong = {}
+    for name in names:
+        model_shape = read_facts(classify(str(folders[name]))).shape
+        for shape in shapes:
+            for cache in caches:
+                cell, result = _run(folders[name], cache, shape)
+                assert result["status"] == "ok", (name, cache, shape, result["error"])
+                got = result["metrics"]["kv_cache_bytes"]
+                planned = plan_cell(cell, "cpu", model_shape).kv_stored_bytes
+                device = estimate_peak(cell, get_strategy(cache), model_shape, parameters=0).kv_device_bytes
+                if not got == planned == device:
+                    wrong[(name, cache, shape)] = (got, planned, device)
+    return wrong
+
+
+def test_planner_bytes_equal_the_real_cache_on_sliding_and_chunked_models(folders):
+    assert not _planner_against_measured(folders, SLIDING, CPU_CACHES, FAST_SHAPES)
+
+
+@pytest.mark.slow
+def test_planner_bytes_equal_the_real_cache_in_bf16_batch_2_and_without_a_decode_step(folders):
+    assert not _planner_against_measured(folders, SLIDING, CPU_CACHES, SLOW_SHAPES)
+
+
+def test_what_sliding_layers_hold_by_hand(folders):
+    """Context 30, 8 new tokens (37 cached), window 16. A dynamic sliding layer keeps a view of its last 15
+    tokens on the storage of the last concatenation (15 + the new token = 16); a static one allocates 16."""
+    for name, full_layers in (("tiny-mistral-sliding", 0), ("tiny-gemma3-alternating", 2)):
+        sliding = 4 - full_layers
+        for cache, full_tokens in (("dynamic", 37), ("static", 37), ("static@40", 40)):
+            _, result = _run(folders[name], cache, (30, 8, 1, "float32"))
+            expected = LAYER_TOKEN * (sliding * WINDOW + full_layers * full_tokens)
+            assert result["metrics"]["kv_cache_bytes"] == expected, (name, cache)
+        # the dense yardstick keeps the same per-layer rule: 2 x 16 + 2 x 37 tokens = 13,568 bytes for gemma3
+        assert result["metrics"]["kv_cache_bytes_dense"] == LAYER_TOKEN * (sliding * WINDOW + full_layers * 37)
+    assert LAYER_TOKEN * (2 * WINDOW + 2 * 37) == 13_568
+
+
+def test_a_decode_step_reads_each_layers_window_not_every_token(folders):
+    """Dynamic, context 14, 6 new tokens, window 16: step j attends over min(14 + j, 16) tokens on a sliding
+    layer (15, then 16) and 14 + j on a full one; gemma3 alternates them (2 and 2)."""
+    shape = kv_shape(load_config(classify(str(folders["tiny-gemma3-alternating"]))))
+    steps = [2 * min(14 + j, WINDOW) + 2 * (14 + j) for j in range(1, 6)]
+    assert steps == [2 * 15 + 2 * 15, 2 * 16 + 2 * 16, 2 * 16 + 2 * 17, 2 * 16 + 2 * 18, 2 * 16 + 2 * 19]
+    got = decode_kv_traffic(get_strategy("dynamic"), shape, 1, "float32", prompt=14, new=6)
+    assert got.device_bytes == pytest.approx(LAYER_TOKEN * sum(steps) / 5)
+    every_token = decode_kv_traffic(get_strategy("dynamic"), _all_full(shape), 1, "float32", 14, 6)
+    assert got.device_bytes < every_token.device_bytes
+
+
+def _all_full(shape: KvShape) -> KvShape:
+    return KvShape(shape.layers, shape.kv_heads, shape.head_dim, shape.max_positions)
+
+
+def test_a_model_of_full_attention_layers_only_is_counted_as_before():
+    """2 (K, V) x 3 layers x 2 heads x 4 x batch 2 x 4 bytes = 384 bytes a cached token, as before layer kinds;
+    an explicit description of full layers counts the same as none, for every strategy and its traffic."""
+    plain = KvShape(layers=3, kv_heads=2, head_dim=4, max_positions=None)
+    explicit = KvShape(layers=3, kv_heads=2, head_dim=4, max_positions=None, layer_windows=(None,) * 3)
+    by_hand = {"dynamic": lambda d: 5 + d, "offloaded": lambda d: 5 + d, "static@16": lambda d: 16}
+    for cache in ("dynamic", "static@16", "offloaded", "offloaded_static", "quantized-hqq-int4"):
+        strategy = get_strategy(cache)
+        for decoded in (0, 3):
+            held = strategy.held_bytes(plain, 2, "float32", 5, decoded)
+            assert held == strategy.held_bytes(explicit, 2, "float32", 5, decoded), (cache, decoded)
+            if cache in by_hand:
+                assert held == 384 * by_hand[cache](decoded), (cache, decoded)
+        traffic = decode_kv_traffic(strategy, plain, 2, "float32", 5, 4)
+        assert traffic == decode_kv_traffic(strategy, explicit, 2, "float32", 5, 4), cache
+
+
+# 4 layers alternating sliding (window 16) and full, 2 KV heads of 8; batch 1, float32: 128 bytes a layer-token
+ALTERNATING = KvShape(layers=4, kv_heads=2, head_dim=8, max_positions=None, layer_windows=(WINDOW, None) * 2)
+
+
+def test_an_offloaded_static_cache_keeps_its_sliding_layers_on_the_device():
+    """Transformers' StaticCache offloads only non-sliding layers (`offload_only_non_sliding=True`): context 30,
+    8 new tokens, 37 reserved: the 2 sliding layers (16 tokens) stay, the 2 full ones (37) go to the host and
+    back each step, 2 of them on the device at a time."""
+    strategy = get_strategy("offloaded_static")
+    cell = Cell("tiny", "float32", 30, 1, 8, "offloaded_static", False)
+    assert strategy.held_bytes(ALTERNATING, 1, "float32", 30, 7) == LAYER_TOKEN * (2 * 16 + 2 * 37)
+    traffic = decode_kv_traffic(strategy, ALTERNATING, 1, "float32", prompt=30, new=8)
+    assert traffic.host_link_bytes == pytest.approx(2 * LAYER_TOKEN * 2 * 37)  # both full layers, both ways
+    device = estimate_peak(cell, strategy, ALTERNATING, parameters=0).kv_device_bytes
+    assert device == LAYER_TOKEN * (2 * 16 + 2 * 37)  # the sliding layers and the two full ones in flight
+    assert prefill_bytes(cell, strategy, ALTERNATING) == LAYER_TOKEN * (2 * 37 + 37)  # first full layer back
+    # pinned host blocks: each full layer's K and V of 37 x 64 bytes, rounded up to 4,096
+    assert pinned_host_bytes(cell, strategy, ALTERNATING) == 2 * 2 * 4096
+
+
+def test_an_offloaded_dynamic_cache_moves_its_sliding_layers_as_their_kept_view():
+    """Transformers' DynamicCache offloads every layer (`offload_only_non_sliding=False`); a sliding layer goes
+    to the host as its view of the last 15 tokens and comes back as that copy. Context 30, 3 new tokens: each
+    step moves 15 + 15 tokens per sliding layer and (30 + j - 1) + (30 + j) per full one, and attention reads
+    16 and 30 + j on the device."""
+    strategy = get_strategy("offloaded")
+    assert strategy.held_bytes(ALTERNATING, 1, "float32", 30, 2) == LAYER_TOKEN * (2 * 15 + 2 * 32)
+    traffic = decode_kv_traffic(strategy, ALTERNATING, 1, "float32", prompt=30, new=3)
+    link = [2 * (15 + 15) + 2 * ((30 + j - 1) + (30 + j)) for j in (1, 2)]
+    assert traffic.host_link_bytes == pytest.approx(LAYER_TOKEN * sum(link) / 2)
+    attended = [2 * 16 + 2 * (30 + j) for j in (1, 2)]
+    assert traffic.device_bytes == pytest.approx(LAYER_TOKEN * sum(attended) / 2)
+
+
+@pytest.mark.parametrize("name", [*SLIDING, "tiny-lfm2-hybrid"])
+def test_quantized_caches_refuse_a_model_that_is_not_all_full_attention(folders, name):
+    """Transformers' QuantizedCache raises on any sliding, chunked or state layer; kvsweep skips such a cell, saying
+    so, before it runs."""
+    model = build_model(classify(str(folders[name])), "float32", "cpu", seed=0)
+    options = get_strategy("quantized-hqq-int4").generation_options()
+    with pytest.raises(ValueError, match="only full attention layers"), torch.inference_mode():
+        model.generate(torch.zeros(1, 30, dtype=torch.long), max_new_tokens=8, do_sample=False, **options)
+    _, result = _run(folders[name], "quantized-hqq-int4", (30, 8, 1, "float32"))
+    assert result["status"] == "skipped" and "holds only full-attention layers" in result["error"]
+    shape = read_facts(classify(str(folders[name]))).shape
+    assert quantized_layers_problem(get_strategy("quantized-hqq-int4"), shape, 1, 30, 8) is not None
+    full = read_facts(classify("tiny-llama")).shape
+    assert quantized_layers_problem(get_strategy("quantized-hqq-int4"), full, 1, 30, 8) is None
+
+
+@pytest.mark.parametrize("implementation, cache", [("dynamic", "dynamic"), ("static", "static")])
+def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, implementation, cache):
+    """LFM2: 2 conv layers keep hidden 32 x 3 positions (384 bytes each, float32), the 2 full layers every token.
+    (kvsweep's cell check expects DynamicLayer/StaticLayer everywhere, so this runs generate directly.)"""
+    folder = folders["tiny-lfm2-hybrid"]
+    model = build_model(classify(str(folder)), "float32", "cpu", seed=0)
+    prompt = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        out = model.generate(
+            prompt, max_new_tokens=8, do_sample=False, cache_implementation=implementation, return_dict_in_generate=True
+        )
+    measured = cache_bytes(out.past_key_values).total
+    shape = read_facts(classify(str(folder))).shape
+    assert (
+        measured == get_strategy(cache).held_bytes(shape, 1, "float32", 30, 7) == 2 * 32 * 3 * 4 + LAYER_TOKEN * 2 * 37
+    )
+    cell = Cell(str(folder), "float32", 30, 1, 8, cache, False)
+    assert cell_dense_kv_bytes(cell, shape) == measured
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "gemma-3-12b", "qwen3-8b"])
+def test_a_new_presets_family_runs_at_a_tiny_scale_and_is_counted_exactly(name):
+    """Each new preset's family and layer pattern, shrunk: it builds, generates past the window, and the planner's
+    bytes (from either shape reader) equal its real dynamic and static caches."""
+    model_type, config = tiny_preset_config(name)
+    hf_config = AutoConfig.for_model(model_type, **config)
+    shape = kv_shape(hf_config)
+    assert shape_from_dict(dict(config, model_type=model_type)) == shape
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config).eval()
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(0))
+    for cache in ("dynamic", "static"):
+        with torch.inference_mode():
+            out = model.generate(
+                prompt, max_new_tokens=6, do_sample=False, cache_implementation=cache, return_dict_in_generate=True
+            )
+        assert cache_bytes(out.past_key_values).total == get_strategy(cache).held_bytes(shape, 1, "float32", 30, 5)
