@@ -199,8 +199,8 @@ def test_quantized_caches_refuse_a_model_that_is_not_all_full_attention(folders,
 
 @pytest.mark.parametrize("implementation, cache", [("dynamic", "dynamic"), ("static", "static")])
 def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, implementation, cache):
-    """LFM2: 2 conv layers keep hidden 32 x 3 positions (384 bytes each, float32), the 2 full layers every token.
-    (kvsweep's cell check expects DynamicLayer/StaticLayer everywhere, so this runs generate directly.)"""
+    """LFM2: 2 conv layers keep hidden 32 x 3 positions (384 bytes each, float32), the 2 full layers every token;
+    as a cell, the state layers are the model's and the attention layers the strategy's."""
     folder = folders["tiny-lfm2-hybrid"]
     model = build_model(classify(str(folder)), "float32", "cpu", seed=0)
     prompt = torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(0))
@@ -215,6 +215,10 @@ def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, implemen
     )
     cell = Cell(str(folder), "float32", 30, 1, 8, cache, False)
     assert cell_dense_kv_bytes(cell, shape) == measured
+    _, result = _run(folder, cache, (30, 8, 1, "float32"))
+    assert result["status"] == "ok", result["error"]
+    assert result["metrics"]["kv_cache_bytes"] == measured
+    assert "LinearAttentionLayer" in result["tags"]["kvsweep.cache_class"]
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "gemma-3-12b", "qwen3-8b"])

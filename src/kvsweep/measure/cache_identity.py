@@ -21,6 +21,9 @@ QUANTIZED_SETTINGS = {
 }
 
 
+STATE_LAYER_BASE = "LinearAttentionCacheLayerMixin"  # Transformers' base of every fixed-state cache layer
+
+
 @dataclass(frozen=True)
 class CacheIdentity:
     """The facts of a returned cache object that tell strategies apart."""
@@ -89,7 +92,10 @@ def mismatch(strategy: CacheStrategy, got: CacheIdentity, cached_tokens: int) ->
     else:
         if strategy.cache_class not in got.cache_classes:
             problems.append("cache class")
-        if not got.layer_classes or any(strategy.layer_class not in layer for layer in got.layer_classes):
+        # A hybrid model's state layers (linear attention, Mamba) are the model's, whatever the strategy:
+        # the strategy's layer class is what every attention layer must be.
+        attention = [layer for layer in got.layer_classes if STATE_LAYER_BASE not in layer]
+        if not attention or any(strategy.layer_class not in layer for layer in attention):
             problems.append("layer class")
         if got.offloading != strategy.offloading:
             problems.append("offloading")
