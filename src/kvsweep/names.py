@@ -62,6 +62,8 @@ SWEEP_ROLE, CELL_ROLE, COMPARE_ROLE = "sweep", "cell", "compare"
 COMPARE_REGRESSIONS = "compare_regressions"  # metrics of a `compare --log` run: rows that are regressions...
 COMPARE_MATCHED_CELLS = "compare_matched_cells"  # ...and cells both sweeps measured
 COMPARE_METRICS = (COMPARE_REGRESSIONS, COMPARE_MATCHED_CELLS)
+HUB_FETCH_S = "hub_fetch_s"  # the parent run's: seconds fetching Hub models on the nodes before any cell
+SWEEP_METRICS = (HUB_FETCH_S,)  # the parent run's own metrics, beside its counts by status
 CARRIED_TAGS = _values(ResultTag)
 
 

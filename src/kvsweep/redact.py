@@ -1,8 +1,10 @@
 """Keep secrets out of everything kvsweep prints, writes to disk or logs to MLflow.
 
 Output folders get copied, shared and attached to tickets, so nothing kvsweep writes may hold a
-credential: URIs lose their `user:password@` / `token@` part and secret query parameters, and the
-values of secret-looking environment variables are replaced wherever they appear.
+credential: URIs lose their `user:password@` / `token@` part and secret query parameters, the
+values of secret-looking environment variables are replaced wherever they appear, and so is anything
+shaped like a Hugging Face access token (`hf_` and 30+ letters and digits), wherever it came from (a
+node's own token file, an error message that quotes the header it sent).
 """
 
 import re
@@ -47,6 +49,8 @@ def without_credentials(uri: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[1], parts.path, parts.query, parts.fragment))
 
 
+# A Hugging Face user access token: `hf_` then (today) 34 letters and digits; not part of a longer name.
+_HF_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9_])")
 _SECRET_ENV = re.compile(r"(?i)(token|secret|password|passwd|api_?key|access_?key|credential)")
 MIN_SECRET_CHARS = 6
 
@@ -64,5 +68,6 @@ def redact_text(text: str, environ: dict[str, str] | None = None) -> str:
     """Secrets from the environment and credentials in every URI, replaced by *** (messages, files, tags)."""
     for value in secret_values(environ):
         text = text.replace(value, MASK)
+    text = _HF_TOKEN.sub(MASK, text)
     text = _CREDENTIALS_IN_TEXT.sub(f"{MASK}@", text)
     return _URI_IN_TEXT.sub(lambda match: _SECRET_PARAM.sub(rf"\1{MASK}", match.group(0)), text)

@@ -10,7 +10,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,7 +35,7 @@ from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model
-from kvsweep.models.resolve import classify, kv_shape
+from kvsweep.models.resolve import cached_snapshot, classify, hub_cache_folder, kv_shape
 from kvsweep.models.shape import KvShape
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
@@ -55,12 +55,15 @@ def run_cell(
     on_phase: Callable[[str], None] | None = None,
     strategies: list[CacheStrategy] | None = None,
     cpus_per_cell: int = 0,
+    hub_cache: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Entry point for the actor: plain dicts in, a plain dict out.
 
     `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
     `strategies` are those the driver registered beyond the built-ins: this process learns them first.
     `cpus_per_cell` is what Ray reserved for the cell (0: not known), for `resolve_threads`.
+    `hub_cache`: Hub models the driver fetched before any cell, each with the cache it fetched into ("": this
+    node's default); the cell loads them from that cached snapshot, with no request to the Hub.
     Everything after reading the cell is inside the `try`: whatever fails (CUDA that cannot start
     included) makes an `error` (or `oom`) result with its message, carrying the environment found so far.
     """
@@ -84,7 +87,8 @@ def run_cell(
         with memory_limit(protocol.device, protocol.device_memory_limit_gb) as applied:  # lifted before the result
             if applied is not None:
                 result.tags[ResultTag.MEMORY_LIMIT] = applied
-            _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, on_phase or (lambda _: None))
+            phase = on_phase or (lambda _: None)
+            _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, phase, hub_cache)
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
         record_failure(result, OOM if kind else ERROR, exc)
@@ -140,19 +144,21 @@ def _measure(
     wait_idle_gpu_s: float,
     result: CellResult,
     on_phase: Callable[[str], None],
+    hub_cache: dict[str, str] | None = None,
 ) -> None:
     """The one place that writes the cell's result: each step returns what it found, written here as it
     comes, so what was found before a step that fails (the load time, the compiled graphs, the noise
     verdict) stays on the failed cell."""
     strategy = get_strategy(cell.cache)
     device = protocol.device
-    loaded = _load(cell, protocol, trust_remote_code, on_phase)
+    source = fetched_source(cell, hub_cache or {})
+    loaded = _load(cell, protocol, trust_remote_code, on_phase, source)
     if isinstance(loaded, str):
         result.status, result.error = SKIPPED, loaded
         return
     result.metrics[Metric.MODEL_LOAD_S] = loaded.seconds
     model, shape = loaded.model, loaded.shape
-    feed = feed_for(cell, protocol, model.config.vocab_size, trust_remote_code)
+    feed = feed_for(source, protocol, model.config.vocab_size, trust_remote_code)
     if isinstance(feed, str):
         result.status, result.error = SKIPPED, feed
         return
@@ -288,10 +294,27 @@ class Loaded:
     seconds: float  # building it (`model_load_s`)
 
 
+def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:
+    """The cell with its model read from where it lies: a Hub model the driver fetched, as its cached
+    snapshot's folder (the weights and tokenizer then load with no request to the Hub); any other as it is."""
+    if cell.model not in hub_cache:
+        return cell
+    snapshot = cached_snapshot(cell.model, hub_cache[cell.model] or None)
+    if snapshot is None:
+        where = hub_cache_folder(cell.model, hub_cache[cell.model] or None)
+        raise RuntimeError(f"{cell.model} was fetched before the sweep, but {where} has no snapshot of it on this node")
+    return replace(cell, model=str(snapshot))
+
+
 def _load(
-    cell: Cell, protocol: MeasureProtocol, trust_remote_code: bool, on_phase: Callable[[str], None]
+    cell: Cell,
+    protocol: MeasureProtocol,
+    trust_remote_code: bool,
+    on_phase: Callable[[str], None],
+    source: Cell | None = None,
 ) -> Loaded | str:
-    """The cell's model on its device, or why the cell is skipped (found before or after building it)."""
+    """The cell's model on its device, or why the cell is skipped (found before or after building it).
+    `source`: the cell with its model where it is read from (`fetched_source`)."""
     device = protocol.device
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
@@ -299,7 +322,7 @@ def _load(
     if reason is not None:
         return reason
     loaded_at = time.perf_counter()
-    model = build_model(classify(cell.model), cell.dtype, device, protocol.seed, trust_remote_code)
+    model = build_model(classify((source or cell).model), cell.dtype, device, protocol.seed, trust_remote_code)
     seconds = time.perf_counter() - loaded_at
     on_phase("built")
     shape = kv_shape(model.config)

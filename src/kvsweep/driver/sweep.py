@@ -6,6 +6,7 @@ Modules are used in the data's direction only; this file wires them and owns the
 import hashlib
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -16,11 +17,12 @@ from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_end import finish
-from kvsweep.grid import MeasureProtocol, cell_id
+from kvsweep.errors import first_line
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.model_names import display_names
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import ResultTag
-from kvsweep.plan.cell_plan import PlannedCell
+from kvsweep.names import HUB_FETCH_S, ResultTag
+from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.templates import Templates
+    from kvsweep.models.facts import ModelFacts
     from kvsweep.tracking.sink import MlflowSink
 
 T = TypeVar("T")
@@ -68,8 +71,8 @@ def run_sweep(
     inputs: "InputsChoice | None" = None,
 ) -> int:
     """The sweep's stages in order: what each model is fed (before Ray: a bad prompts file is exit 2),
-    connect (the warm templates start importing at once), plan, open tracking, build native extensions,
-    resume, schedule (recording each result), then the table, the report and the closing lines.
+    connect (the warm templates start importing at once), plan, open tracking, fetch Hub models, build native
+    extensions, resume, schedule (recording each result), then the table, the report and the closing lines.
     `inputs`: the choice, when the caller made it already. Returns the exit code."""
     from kvsweep.driver import ray_session
     from kvsweep.driver.capacity_search import search_lines
@@ -86,6 +89,7 @@ def run_sweep(
         sweep.connect(session)
         sweep.plan()
         sweep.open_tracking()
+        sweep.prefetch()
         sweep.prebuild()
         jobs = sweep.queue()
         interrupted = sweep.schedule(jobs)
@@ -161,6 +165,7 @@ class SweepRun:
         self._planned: Planned | None = None
         self._tracking: Tracking | None = None
         self._progress: SweepProgress | None = None  # from `queue`; messages then print above it
+        self.hub_cache: dict[str, str] = {}  # from `prefetch`: the Hub models fetched, each with its cache
 
     @property
     def connected(self) -> Connected:
@@ -257,6 +262,53 @@ class SweepRun:
             f"trust_remote_code={cfg.trust_remote_code}; "
             f"MLflow {redact_uri(self.tracking_uri)} parent run {sink.parent_run_id or '(pending)'}"
         )
+
+    def prefetch(self) -> None:
+        """Hub models the pending cells need are fetched now, once per node (`driver/hub_prefetch.py`): the
+        cells of one that cannot be are skipped with the reason; one the plan could not read here is planned
+        again from its fetched files. The time is the parent run's `hub_fetch_s`."""
+        from kvsweep.driver.hub_prefetch import hub_settings, models_to_fetch, plan_after, prefetch, source_for
+
+        planned, done, cfg, device = self.planned, self.tracking.done, self.cfg, self.connected.device
+        pending = [p for p in planned.cells if cell_id(p.cell, planned.protocol) not in done]
+        models = models_to_fetch(pending, planned.problems)
+        if not models:
+            return
+        settings, started = hub_settings(), time.monotonic()
+        fetches = prefetch(models, settings, self.say, source_for(self.seams.hub), cfg.trust_remote_code, device)
+        self._log_parent_metric(HUB_FETCH_S, time.monotonic() - started)
+        self.hub_cache = {m: settings.cache_dir or "" for m, fetch in fetches.items() if fetch.problem is None}
+        limits = plan_limits(cfg, device, self.inputs.spec)
+
+        def replan(cell: Cell, facts: "ModelFacts") -> PlannedCell:  # from the files the nodes fetched
+            return plan_cell(
+                cell,
+                device,
+                facts.shape,
+                parameters=facts.parameters,
+                device_bytes=limits.device_bytes,
+                skip_predicted_oom=cfg.planner.skip_predicted_oom,
+                host=limits.host,
+            )
+
+        after, problems = plan_after(pending, planned.problems, fetches, replan if planned.searches is None else None)
+        by_id = dict(zip(map(id, pending), after, strict=True))
+        self._planned = replace(planned, cells=[by_id.get(id(p), p) for p in planned.cells], problems=problems)
+        if planned.searches is not None:  # a search's first probes: the search plans from its own copy
+            planned.searches.planned.update({cell_id(p.cell, planned.protocol): p for p in after})
+        else:
+            text = plan_text(self.planned.cells, problems, device, limits)
+            (self.run_dir / "plan.txt").write_text(redact_text(text))
+
+    def _log_parent_metric(self, name: str, value: float) -> None:
+        """A metric of the sweep's parent run, outside every cell (told, not fatal, when MLflow is down)."""
+        sink = self.tracking.sink
+        try:
+            if sink.parent_run_id is None:
+                raise RuntimeError("no parent run yet")
+            sink.tracker.client.log_metric(sink.parent_run_id, name, value)
+        except Exception as exc:  # MLflow down: the sweep goes on without this one number
+            self.say(f"{name}={value:.1f} not logged on the parent run ({first_line(exc)})")
 
     def prebuild(self) -> None:
         """Native extensions the pending cells need (quanto's CUDA kernels) are built now, once per node."""
@@ -385,6 +437,7 @@ class SweepRun:
             "trust_remote_code": self.cfg.trust_remote_code,
             "wait_idle_gpu_s": self.cfg.measure.wait_for_idle_gpu_s,
             "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
+            "hub_cache": self.hub_cache,  # fetched Hub models: each cell loads them from the cache, offline
         }
         scheduler = CellScheduler(
             self.planned.protocol.to_dict(), limits, self.seams.to_dict(), options, templates=connected.templates

@@ -74,3 +74,23 @@ def parameter_count(config: "PretrainedConfig") -> int:
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()
     return sum(p.numel() for p in model.parameters())
+
+
+def hub_cache_folder(repo_id: str, cache_dir: str | None = None) -> Path:
+    """Where the Hub cache keeps `repo_id` (`models--org--name`): under `cache_dir`, else this process's
+    HF_HUB_CACHE (HF_HOME/hub)."""
+    from huggingface_hub import constants
+
+    return Path(cache_dir or constants.HF_HUB_CACHE).expanduser() / ("models--" + repo_id.replace("/", "--"))
+
+
+def cached_snapshot(repo_id: str, cache_dir: str | None = None) -> Path | None:
+    """The cached snapshot folder of `repo_id` that its `main` ref names, or None when there is none: the
+    files a prefetched model is loaded from, with no request to the Hub."""
+    folder = hub_cache_folder(repo_id, cache_dir)
+    try:
+        commit = (folder / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    snapshot = folder / "snapshots" / commit
+    return snapshot if commit and snapshot.is_dir() else None

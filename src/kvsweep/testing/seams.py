@@ -1,4 +1,5 @@
-"""Test seams a sweep accepts outside the user-facing config: `+testing.faults=[...]`, `+testing.runner=...`.
+"""Test seams a sweep accepts outside the user-facing config: `+testing.faults=[...]`, `+testing.runner=...`,
+`+testing.hub=FOLDER` (Hub repos served from a folder, `fake_hub.py`).
 
 They are in neither the schema, `--help` nor the saved config. Composition takes the `testing` node
 off the composed config before it becomes typed and hands it here, where it is checked (one line per
@@ -6,13 +7,14 @@ mistake, like any config key) and becomes the plain dict the driver sends to eac
 """
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvsweep.errors import ConfigError
 from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
-SEAM_KEYS = ("faults", "runner", "sleep_s")
+SEAM_KEYS = ("faults", "runner", "sleep_s", "hub")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Seams:
     faults: list[dict[str, Any]] = field(default_factory=list)  # {match: cell fields, fault, during}
     runner: str = ""  # 'module:function' measuring a cell instead of kvsweep's runner (stand_ins.py)
     sleep_s: float = 0.0  # how long the stand-in runner 'measures'
+    hub: str = ""  # a folder of repos served in place of the Hugging Face Hub (fake_hub.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -28,13 +31,16 @@ class Seams:
 def seams_from(raw: dict[str, Any] | None) -> Seams:
     """The `testing` node as given on the command line, checked; None (the user's case) means no seams."""
     raw = dict(raw or {})
-    unknown = sorted(set(raw) - {"faults", "runner", "sleep_s"})
+    unknown = sorted(set(raw) - set(SEAM_KEYS))
     if unknown:
         raise ConfigError(
-            f"unknown config key 'testing.{unknown[0]}'; allowed keys under testing: faults, runner, sleep_s"
+            f"unknown config key 'testing.{unknown[0]}'; allowed keys under testing: {', '.join(SEAM_KEYS)}"
         )
     faults = [_fault(i, fault) for i, fault in enumerate(raw.get("faults") or [])]
-    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0))
+    hub = str(raw.get("hub") or "")
+    if hub and not Path(hub).is_dir():
+        raise ConfigError(f"testing.hub: {hub!r} is not a folder (the repos to serve in place of the Hub)")
+    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub)
 
 
 def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
