@@ -10,7 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvsweep.names import Metric, ci_high, ci_low
+from kvsweep.names import Metric
+from kvsweep.report.uncertainty import metric_interval
 
 TIMING, MEMORY, EXACT, QUALITY = "timing", "memory", "exact", "quality"
 
@@ -64,14 +65,13 @@ def interval(metrics: Mapping[str, float], compared: Compared) -> Interval | Non
     if centre is None:
         return None
     source = compared.interval_of
-    if not source:
+    found = metric_interval(metrics, source) if source else None  # the report's reading: a point without one
+    if found is None:
         return centre, centre
-    low, high = metrics.get(ci_low(source)), metrics.get(ci_high(source))
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return centre, centre
+    low, high = found
     if source == compared.name:
         return float(low), float(high)
     own = metrics.get(source)
-    if not own or low <= 0:
+    if not own or low <= 0 or low == high:
         return centre, centre
     return centre * own / high, centre * own / low
