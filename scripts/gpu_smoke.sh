@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every strategy (offloaded ones included) once on one GPU, compile on and off, then a summary to paste
+# Every strategy (offloaded ones included) once on one GPU, compile on and off, every weight quantization
+# (quanto, bitsandbytes, torchao), on a node with two GPUs or more the model split over two GPUs per cell,
+# then a summary to paste
 # into a bug report: per cell the cache class generate really used, the per-repeat device peaks, its CPUs.
 # Before any sweep: a Python >= pyproject's requires-python, a torch build the driver can run (installed
 # from PyTorch's index for it: scripts/torch_for_driver.py) and proof that it starts CUDA. After the sweep,
@@ -66,7 +68,7 @@ else
   fi
   pip install -q --index-url "$index" "${TORCH_SPEC:-torch}"
 fi
-pip install -q -e '.[quantized,test]'  # keeps that torch: it satisfies the project's torch>=2.4
+pip install -q -e '.[quantized,test,cuda-weights]'  # keeps that torch: it satisfies the project's torch>=2.4
 started=$(cuda_starts) || exit 1
 echo "$started"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
@@ -86,7 +88,26 @@ for arg in "$@"; do [[ $arg =~ $its_own ]] || forwarded+=("$arg"); done
 python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
   '+testing.faults=[{fault:cuda_init}]' "hydra.run.dir=$faulted" "mlflow.tracking_uri=sqlite:///$faulted/mlflow.db" \
   >"$faulted/sweep.log" 2>&1 || true
-python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --setup "$setup; $started" ||
-  status=$((status == 0 ? 1 : status))
+# Weights quantized by every scheme, each cell's stored weight bytes against the planner's exact figure.
+weights_out=$out/weights
+mkdir -p "$weights_out"
+python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
+  'grid.weights=[quanto-int8,quanto-int4,bnb-int8,bnb-nf4,torchao-int4]' "hydra.run.dir=$weights_out" \
+  "mlflow.tracking_uri=sqlite:///$weights_out/mlflow.db" >"$weights_out/sweep.log" 2>&1 || true
+# A node with two GPUs or more: a model split over two GPUs per cell (each GPU's layers and peak recorded).
+split=()
+if (( $(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ') >= 2 )); then  # "GPU 0: NVIDIA H100 ..." each
+  split_out=$out/two_gpus
+  mkdir -p "$split_out"
+  python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic,static]' \
+    'grid.compile=[false]' ray.gpus_per_cell=2 "hydra.run.dir=$split_out" \
+    "mlflow.tracking_uri=sqlite:///$split_out/mlflow.db" >"$split_out/sweep.log" 2>&1 || true
+  split=(--expect-split "$split_out")
+else
+  echo "one GPU on this node: the split over two GPUs per cell is not run"
+fi
+python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --expect-weights "$weights_out" \
+  ${split[@]+"${split[@]}"} \
+  --setup "$setup; $started" || status=$((status == 0 ? 1 : status))
 echo "smoke run took ${SECONDS} s (setup, sweeps with their compiles and quanto's CUDA build, summary)"
 exit "$status"

@@ -22,8 +22,16 @@ Exits 1 when any of these is found (each is one problem):
 - with --expect-cuda-init-error FOLDER: the sweep there, whose CUDA initialisation was made to fail,
   did not end as `error` results that the cell's own process sent on its first attempt, with the
   message the cell raises when CUDA cannot start (`CudaStartError: ...`).
+- with --expect-weights FOLDER: the sweep there, one cell per weight quantization, has a cell that did not
+  end ok, or one whose weights occupy other than the planner's exact figure (`weights_bytes` against
+  `predicted_weights_bytes`: the byte formulas of bitsandbytes and torchao are checked only here);
+- with --expect-split FOLDER: the sweep there, run with `ray.gpus_per_cell=2`, has no cell that ran
+  with its model on one GPU: each must record its placement (`kvsweep.placement`, `placement` in its
+  samples) and a peak for each of its GPUs in every repeat, the largest equal to its
+  `peak_device_mem_bytes` (each GPU's measured peak is printed beside the planner's prediction).
 Compiled cells planned skipped because Triton's launcher cannot be built here are counted.
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER [--setup TEXT] [--expect-cuda-init-error FOLDER]
+       [--expect-weights FOLDER] [--expect-split FOLDER]
 """
 
 import argparse
@@ -259,11 +267,72 @@ def cuda_start_mismatch(result: CellResult) -> str | None:
     return None
 
 
+def weights_problems(folder: Path) -> int:
+    """The sweep over every weight quantization: each cell ok, its stored weight bytes the planner's exactly."""
+    results = Journal(folder).read().latest_results()
+    if not results:
+        print(f"quantized weights: NO RESULT in {folder} (its sweep.log says why)")
+        return 1
+    problems = 0
+    for result in results:
+        stored = result.metrics.get(Metric.WEIGHTS_BYTES)
+        predicted = result.metrics.get(Metric.PREDICTED_WEIGHTS_BYTES)
+        if result.status != OK:
+            wrong = f"SHOULD BE ok: {result.error[:120]}"
+        elif stored is None or stored != predicted:
+            wrong = "STORED WEIGHT BYTES SHOULD EQUAL THE PLANNER'S"
+        else:
+            wrong = None
+        problems += wrong is not None
+        figures = f"{(stored or 0) / MIB:.2f} MiB stored, {(predicted or 0) / MIB:.2f} MiB predicted"
+        print(f"quantized weights: {result.cell.weights} {result.status}: {figures} ({wrong or 'as it should'})")
+    return problems
+
+
+def split_problems(folder: Path) -> int:
+    """The sweep over two GPUs per cell: every cell that ran placed its model over both and measured both."""
+    results = [r for r in Journal(folder).read().latest_results() if ran(r)]
+    if not results:
+        print(f"two GPUs per cell: NO CELL RAN in {folder} (its sweep.log says why)")
+        return 1
+    problems = 0
+    for result in results:
+        placement = result.samples.get("placement") or {}
+        each = [call.get("peak_device_mem_bytes_per_gpu") or [] for call in result.samples.get("repeats", [])]
+        wrong = split_mismatch(result, placement, each)
+        problems += wrong is not None
+        predicted = " + ".join(f"{b / MIB:.0f}" for b in placement.get("predicted_peak_bytes", []))
+        measured = " + ".join(f"{b / MIB:.0f}" for b in (each[-1] if each else []))
+        print(
+            f"two GPUs per cell: {_label(result)} {result.status} layers {result.tags.get(ResultTag.PLACEMENT)}; "
+            f"peak MiB per GPU {measured or '-'} (predicted {predicted or '-'}) "
+            f"({'as it should' if wrong is None else wrong})"
+        )
+    return problems
+
+
+def split_mismatch(result: CellResult, placement: dict, each: list[list[int]]) -> str | None:
+    """How a cell of the two-GPU sweep differs from one placed over both GPUs, or None."""
+    if result.status != OK:
+        return f"SHOULD BE ok: {result.error[:120]}"
+    if len(placement.get("devices", [])) != 2 or not result.tags.get(ResultTag.PLACEMENT):
+        return "SHOULD RECORD A PLACEMENT OVER 2 GPUS"
+    if not each or any(len(peaks) != 2 or min(peaks) <= 0 for peaks in each):
+        return "EVERY REPEAT SHOULD HAVE A PEAK ON EACH OF ITS 2 GPUS"
+    largest = [max(peaks) for peaks in each]
+    recorded = [call.get(Metric.PEAK_DEVICE_MEM_BYTES) for call in result.samples["repeats"]]
+    if largest != recorded:
+        return "peak_device_mem_bytes SHOULD BE THE LARGEST GPU'S"
+    return None
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--setup", default="", help="what the smoke script chose (torch build, index)")
     parser.add_argument("--expect-cuda-init-error", type=Path, help="a sweep run with the cuda_init fault")
+    parser.add_argument("--expect-split", type=Path, help="a sweep run with ray.gpus_per_cell=2")
+    parser.add_argument("--expect-weights", type=Path, help="a sweep with one cell per weight quantization")
     args = parser.parse_args(argv)
     journal = Journal(args.folder).read()
     results = journal.latest_results()
@@ -296,6 +365,10 @@ def main(argv: list[str]) -> int:
     failures += forked_problems(results)
     if args.expect_cuda_init_error:
         failures += cuda_init_problems(args.expect_cuda_init_error)
+    if args.expect_weights:
+        failures += weights_problems(args.expect_weights)
+    if args.expect_split:
+        failures += split_problems(args.expect_split)
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 

@@ -58,7 +58,8 @@ def _not_provided_by(imports: dict[str, set[str]], declared: set[str]) -> list[s
     providers = importlib.metadata.packages_distributions()
     missing = []
     for module, files in sorted(imports.items()):
-        dists = {_normalized(d) for d in providers.get(module, [])}
+        # a module nothing installed here provides (a CUDA-only extra on this CPU machine): declared by its name
+        dists = {_normalized(d) for d in providers.get(module, [])} or {_normalized(module)}
         if not dists & declared:
             provider = ", ".join(sorted(dists)) or "no installed distribution"
             missing.append(f"{module} (from {provider}; {sorted(files)})")

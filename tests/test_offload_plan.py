@@ -45,6 +45,7 @@ LONG_CONTEXT = MeasureProtocol(
     max_duration_s=60.0,
     device_memory_limit_gb=0.0,
     inputs=InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=0),
+    gpus=1,
 )
 
 

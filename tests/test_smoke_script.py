@@ -333,7 +333,7 @@ def test_an_existing_venv_needs_no_python_on_the_node(tmp_path):
     assert done.stdout.splitlines()[0].startswith("torch build cu126 (CUDA 12.6) for driver 550.54.14 (CUDA 12.4)")
     assert pip_calls(tmp_path) == [  # torch from the driver's index, then the project; nothing to replace
         f"install -q --index-url {INDEX}/cu126 torch",
-        "install -q -e .[quantized,test]",
+        "install -q -e .[quantized,test,cuda-weights]",
     ]
     # The recording pip installed nothing: the check after the install still finds no torch, and stops.
     assert done.stderr.splitlines()[-1] == (
@@ -360,7 +360,10 @@ def test_a_venv_whose_torch_is_replaced_is_made_anew(tmp_path):
     ]
     assert not list(site_packages(repo).glob("nvidia*")) and not list(site_packages(repo).glob("torch*"))
     assert (tmp_path / "made_by.log").read_text().splitlines() == ["python3.12"]
-    assert pip_calls(tmp_path) == [f"install -q --index-url {INDEX}/cu126 torch", "install -q -e .[quantized,test]"]
+    assert pip_calls(tmp_path) == [
+        f"install -q --index-url {INDEX}/cu126 torch",
+        "install -q -e .[quantized,test,cuda-weights]",
+    ]
 
 
 def test_installs_what_torch_index_url_and_torch_spec_name(tmp_path):
@@ -417,10 +420,11 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
     done = run_smoke(
         repo, tmp_path, print_smi(smi("550.54.14", "12.4")), *user, OUT=str(out), SWEEPS=str(tmp_path / "sweeps")
     )
-    assert pip_calls(tmp_path) == ["install -q -e .[quantized,test]"], done.stderr  # torch kept, not replaced
+    # torch kept, not replaced
+    assert pip_calls(tmp_path) == ["install -q -e .[quantized,test,cuda-weights]"], done.stderr
     started = "CUDA starts on Stand-in GPU: torch 2.14.1+cu126 (built for CUDA 12.6), driver 550.54.14 (CUDA 12.4)"
     assert started in done.stdout.splitlines()
-    measured, faulted = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
+    measured, faulted, weights = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
     # The measured sweep gets every argument, after its own (so the user's win).
     assert measured == [
         "+sweep=gpu_smoke",
@@ -437,6 +441,16 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
         "+testing.faults=[{fault:cuda_init}]",
         f"hydra.run.dir={faulted_dir}",
         f"mlflow.tracking_uri=sqlite:///{faulted_dir}/mlflow.db",
+    ]
+    weights_dir = out / "weights"  # one GPU on the stand-in node: no split sweep after it
+    assert weights == [
+        "+sweep=gpu_smoke",
+        *user[:4],
+        "grid.caches=[dynamic]",
+        "grid.compile=[false]",
+        "grid.weights=[quanto-int8,quanto-int4,bnb-int8,bnb-nf4,torchao-int4]",
+        f"hydra.run.dir={weights_dir}",
+        f"mlflow.tracking_uri=sqlite:///{weights_dir}/mlflow.db",
     ]
 
 
@@ -686,3 +700,39 @@ def test_the_cuda_init_check_passes_on_a_real_sweeps_injected_failure(run_sweep,
     code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-cuda-init-error", str(run.run_dir))
     assert any(line.startswith("CUDA that cannot start: dynamic ctx64 error (attempt 1): ") for line in lines), lines
     assert code == 0 and lines[-1] == "OK: 0 problem(s)"
+
+
+def write_journal(folder: Path, results: list[CellResult]) -> Path:
+    journal = Journal(folder)
+    journal.write_header(SweepHeader("gpu_smoke", "key", "kvsweep", "sqlite:///x.db", "cuda", ""))
+    for result in results:
+        journal.append(result)
+    return folder
+
+
+def test_quantized_weights_must_occupy_exactly_what_the_planner_predicted(tmp_path):
+    """Each scheme's cell: ok, and `weights_bytes` equal to `predicted_weights_bytes`; a byte off is a problem."""
+    weights = [from_cell(replace(cell(), weights=w)) for w in ("bnb-nf4", "torchao-int4")]
+    for result, stored in zip(weights, (1000.0, 1001.0), strict=True):
+        result.metrics.update({Metric.WEIGHTS_BYTES: stored, Metric.PREDICTED_WEIGHTS_BYTES: 1000.0})
+    folder = write_journal(tmp_path / "weights", weights)
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-weights", str(folder))
+    assert any(line.startswith("quantized weights: bnb-nf4 ok") and "as it should" in line for line in lines)
+    assert any(line.startswith("quantized weights: torchao-int4 ok") and "SHOULD EQUAL" in line for line in lines)
+    assert code == 1 and lines[-1] == "FAILED: 1 problem(s)"
+
+
+def test_a_split_cell_must_record_both_gpus_and_its_largest_peak(tmp_path):
+    placed = {"devices": ["cuda:0", "cuda:1"], "layers": [[0, 14], [15, 29]], "predicted_peak_bytes": [5, 6]}
+    good = from_cell(cell())
+    good.tags[ResultTag.PLACEMENT] = "0-14 | 15-29"
+    good.samples = {
+        "placement": placed,
+        "repeats": [{"peak_device_mem_bytes_per_gpu": [3, 4], Metric.PEAK_DEVICE_MEM_BYTES: 4}],
+    }
+    one_gpu = from_cell(cell("static"))  # ran on one GPU: no placement
+    folder = write_journal(tmp_path / "split", [good, one_gpu])
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-split", str(folder))
+    assert any("two GPUs per cell: dynamic" in line and "as it should" in line for line in lines), lines
+    assert any("two GPUs per cell: static" in line and "PLACEMENT OVER 2 GPUS" in line for line in lines), lines
+    assert code == 1 and lines[-1] == "FAILED: 1 problem(s)"

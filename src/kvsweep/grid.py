@@ -9,8 +9,10 @@ from typing import Any
 from kvsweep.caches import get_strategy
 from kvsweep.inputs.spec import RANDOM, InputSpec
 from kvsweep.model_names import short_name
+from kvsweep.names import PARAM_KEYS
 
-CELL_FIELDS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "inputs")
+CELL_FIELDS = PARAM_KEYS  # a cell's fields, in order: each is logged as an MLflow param of that name
+NO_WEIGHT_QUANTIZATION = "none"  # the model's weights as its checkpoint (or preset) has them
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Cell:
     cache: str
     compile: bool
     inputs: str = RANDOM  # random | passkey | file:<name>: what the cell is fed (chosen per model)
+    weights: str = NO_WEIGHT_QUANTIZATION  # how its weights are quantized when loaded (`grid.weights`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +58,7 @@ RULES_OFF: dict[str, Any] = {
     "target_rel_ci": 0.0,
     "max_duration_s": 0.0,
     "device_memory_limit_gb": 0.0,
+    "gpus": 1,
 }
 
 
@@ -75,6 +79,7 @@ class MeasureProtocol:
     max_duration_s: float  # time cap on the measured phase; 0 = none
     device_memory_limit_gb: float  # the cell runs as if its device had this many GB (1e9 bytes); 0 = none
     inputs: InputSpec  # what text-fed cells are given (depths, template, trials, the prompts file)
+    gpus: int  # GPUs each cell's model is placed over (`ray.gpus_per_cell` on CUDA; 1 elsewhere)
 
     @classmethod
     def exact(
@@ -88,7 +93,8 @@ class MeasureProtocol:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MeasureProtocol":
-        return cls(**{**data, "inputs": InputSpec.from_dict(data["inputs"])})
+        # a protocol written before cells could span GPUs had one each
+        return cls(**{"gpus": 1, **data, "inputs": InputSpec.from_dict(data["inputs"])})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,28 +121,33 @@ def strategy_label(cell: Cell) -> str:
 
 
 def cell_label(cell: Cell, model_name: str = "") -> str:
-    """`static+compile ctx64 bs1 float32 local-llama`: the cell's MLflow run name, progress line and plan line.
+    """`static+compile ctx64 bs1 float32 local-llama`: the cell's MLflow run name, progress line and plan line;
+    quantized weights follow the model (`... local-llama quanto-int8`).
 
     The model by its display name (model_names.py); the run name is part of the MLflow contract.
     """
     model = model_name or short_name(cell.model)
-    return f"{strategy_label(cell)} ctx{cell.context_length} bs{cell.batch_size} {cell.dtype} {model}"
+    weights = "" if cell.weights == NO_WEIGHT_QUANTIZATION else f" {cell.weights}"
+    return f"{strategy_label(cell)} ctx{cell.context_length} bs{cell.batch_size} {cell.dtype} {model}{weights}"
 
 
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag).
 
-    A cell fed random ids hashes without its `inputs` field, as cells did before it existed."""
+    A cell fed random ids hashes without its `inputs` field, and one whose weights are not quantized without
+    its `weights` field, as cells did before those existed."""
     fields = cell.to_dict()
     if cell.inputs == RANDOM:
         del fields["inputs"]
+    if cell.weights == NO_WEIGHT_QUANTIZATION:
+        del fields["weights"]
     payload = json.dumps({"cell": fields, "protocol": protocol.identity(cell.inputs)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | None = None) -> list[Cell]:
-    """All combinations, in the config's order: models, dtypes, batch sizes, context lengths, new
-    tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
+    """All combinations, in the config's order: models, weights, dtypes, batch sizes, context lengths,
+    new tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
     reads like the sweep file). The sweep runs them in another order, smallest first
     (`driver/oom_inference.size_order`), so an OOM at a small size can spare the larger cells.
 
@@ -147,6 +158,7 @@ def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | No
     fed = inputs_by_model or {}
     axes = [
         grid["models"],
+        grid.get("weights") or [NO_WEIGHT_QUANTIZATION],
         grid["dtypes"],
         grid["batch_sizes"],
         grid["context_lengths"],
@@ -155,8 +167,8 @@ def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | No
         grid["compile"],
     ]
     cells = [
-        Cell(model, dtype, ctx, batch, new, cache, bool(compiled), fed.get(model, RANDOM))
-        for model, dtype, batch, ctx, new, cache, compiled in itertools.product(*axes)
+        Cell(model, dtype, ctx, batch, new, cache, bool(compiled), fed.get(model, RANDOM), weights)
+        for model, weights, dtype, batch, ctx, new, cache, compiled in itertools.product(*axes)
         if not compiled or get_strategy(cache).compilable
     ]
     return _dedupe(cells)

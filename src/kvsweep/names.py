@@ -21,6 +21,8 @@ class ResultTag:
     OOM_KIND = "kvsweep.oom_kind"  # device | host
     SHAPE_ONLY = "kvsweep.shape_only"  # "true": a bundled preset, random weights (numbers, not quality)
     CONTENDED = "kvsweep.contended"  # true | false | unknown
+    CHECKPOINT_QUANTIZATION = "kvsweep.checkpoint_quantization"  # a checkpoint quantized already: awq-int4, fp8...
+    PLACEMENT = "kvsweep.placement"  # a model over several GPUs: each one's decoder layers, "0-39 | 40-79"
     CONTENTION = "kvsweep.contention"  # what others took: "host 0.49, steal 0.00; gpu pids 1234"
     CI_TARGET = "kvsweep.ci_target"  # met | missed, only with measure.target_rel_ci
     IMPLAUSIBLE = "kvsweep.implausible"  # decode moved more bytes per second than the device can
@@ -81,6 +83,7 @@ class Metric:
     COMPILE_RECAPTURES = "compile_recaptures"  # graphs compiled or CUDA graphs recorded while measuring
     COMPILE_CUDAGRAPH_SKIPS = "compile_cudagraph_skips"  # Inductor ran a graph without CUDA graphs
     MODEL_LOAD_S = "model_load_s"
+    WEIGHTS_BYTES = "weights_bytes"  # what the loaded model's weights occupy (quantized payloads and scales included)
     REPEATS = "repeats"
     DISCARDED_CALLS = "discarded_calls"
     HOST_OTHER_CPU_SHARE = "host_other_cpu_share"
@@ -138,7 +141,17 @@ def passkey_depth_metric(depth: float) -> str:
 
 
 INT_PARAMS = ("context_length", "batch_size", "max_new_tokens")  # also logged as metrics, to plot against
-PARAM_KEYS = ("model", "dtype", "context_length", "batch_size", "max_new_tokens", "cache", "compile", "inputs")
+PARAM_KEYS = (
+    "model",
+    "dtype",
+    "context_length",
+    "batch_size",
+    "max_new_tokens",
+    "cache",
+    "compile",
+    "inputs",
+    "weights",
+)
 INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the cell hashes what it was fed)
 CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM)
 INTERVALS = (*TIMED, *ACCURACIES)

@@ -8,7 +8,7 @@ below the smallest failing one, and the probe above it says why it stops there.
 from dataclasses import dataclass
 
 from kvsweep.capacity.verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, probe_verdict
-from kvsweep.grid import Cell, strategy_label
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, strategy_label
 from kvsweep.names import Metric, ResultTag
 from kvsweep.results import SKIPPED, CellResult
 
@@ -37,16 +37,28 @@ class FrontierKey:
     max_new_tokens: int
     inputs: str
     fixed: int  # context_length of a batch search, batch_size of a context search
+    weights: str = NO_WEIGHT_QUANTIZATION
 
     @classmethod
     def of(cls, cell: Cell, axis: str) -> "FrontierKey":
         fixed = cell.context_length if axis == BATCH else cell.batch_size
-        return cls(axis, cell.model, cell.dtype, cell.cache, cell.compile, cell.max_new_tokens, cell.inputs, fixed)
+        c = cell
+        return cls(axis, c.model, c.dtype, c.cache, c.compile, c.max_new_tokens, c.inputs, fixed, c.weights)
 
     def cell(self, value: int) -> Cell:
         """The probe at `value`: a batch size, or a context length in tokens."""
         context, batch = (self.fixed, value) if self.axis == BATCH else (value, self.fixed)
-        return Cell(self.model, self.dtype, context, batch, self.max_new_tokens, self.cache, self.compile, self.inputs)
+        return Cell(
+            self.model,
+            self.dtype,
+            context,
+            batch,
+            self.max_new_tokens,
+            self.cache,
+            self.compile,
+            self.inputs,
+            self.weights,
+        )
 
     def value(self, cell: Cell) -> int:
         return cell.batch_size if self.axis == BATCH else cell.context_length

@@ -53,7 +53,8 @@ class GatedRun:
             from kvsweep.cell.run import run_cell
 
             self._imported()
-            return run_cell(cell, protocol, testing.get("faults", []), on_phase=self, **options)
+            split = int(testing.get("split_devices") or 0)
+            return run_cell(cell, protocol, testing.get("faults", []), on_phase=self, split_devices=split, **options)
         finally:
             self.release()
 

@@ -24,22 +24,35 @@ from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.threads import resolve_threads
-from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_tokens
 from kvsweep.measure.gpu_sharing import SharingProbe
+from kvsweep.measure.memory import CudaMemory
 from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
-from kvsweep.models.build import build_model
-from kvsweep.models.resolve import cached_snapshot, classify, hub_cache_folder, kv_shape
+from kvsweep.models.build import build_model, torch_dtype_of
+from kvsweep.models.placement import Split, build_split_model
+from kvsweep.models.resolve import (
+    ModelRef,
+    cached_snapshot,
+    classify,
+    hub_cache_folder,
+    kv_shape,
+    load_config,
+    weight_layout,
+)
 from kvsweep.models.shape import KvShape
+from kvsweep.models.weight_schemes import prequantized_label, stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
+from kvsweep.plan.memory import estimate_peak
+from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import cuda_init_for, fault_for
 
@@ -56,6 +69,7 @@ def run_cell(
     strategies: list[CacheStrategy] | None = None,
     cpus_per_cell: int = 0,
     hub_cache: dict[str, str] | None = None,
+    split_devices: int = 0,
 ) -> dict[str, Any]:
     """Entry point for the actor: plain dicts in, a plain dict out.
 
@@ -64,6 +78,7 @@ def run_cell(
     `cpus_per_cell` is what Ray reserved for the cell (0: not known), for `resolve_threads`.
     `hub_cache`: Hub models the driver fetched before any cell, each with the cache it fetched into ("": this
     node's default); the cell loads them from that cached snapshot, with no request to the Hub.
+    `split_devices`: the `testing.split_devices` seam (the model placed over that many CPU devices).
     Everything after reading the cell is inside the `try`: whatever fails (CUDA that cannot start
     included) makes an `error` (or `oom`) result with its message, carrying the environment found so far.
     """
@@ -88,7 +103,9 @@ def run_cell(
             if applied is not None:
                 result.tags[ResultTag.MEMORY_LIMIT] = applied
             phase = on_phase or (lambda _: None)
-            _measure(cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, phase, hub_cache)
+            _measure(
+                cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, phase, hub_cache, split_devices
+            )
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
         record_failure(result, OOM if kind else ERROR, exc)
@@ -145,6 +162,7 @@ def _measure(
     result: CellResult,
     on_phase: Callable[[str], None],
     hub_cache: dict[str, str] | None = None,
+    split_devices: int = 0,
 ) -> None:
     """The one place that writes the cell's result: each step returns what it found, written here as it
     comes, so what was found before a step that fails (the load time, the compiled graphs, the noise
@@ -152,11 +170,17 @@ def _measure(
     strategy = get_strategy(cell.cache)
     device = protocol.device
     source = fetched_source(cell, hub_cache or {})
-    loaded = _load(cell, protocol, trust_remote_code, on_phase, source)
+    loaded = _load(cell, protocol, trust_remote_code, on_phase, source, split_devices)
     if isinstance(loaded, str):
         result.status, result.error = SKIPPED, loaded
         return
     result.metrics[Metric.MODEL_LOAD_S] = loaded.seconds
+    result.metrics[Metric.WEIGHTS_BYTES] = float(stored_bytes(loaded.model))
+    if cell.weights == NO_WEIGHT_QUANTIZATION and (label := prequantized_label(loaded.model.config.to_dict())):
+        result.tags[ResultTag.CHECKPOINT_QUANTIZATION] = label  # loaded as its checkpoint has it
+    if loaded.split is not None:
+        result.tags[ResultTag.PLACEMENT] = layers_text(loaded.split.loads)
+        result.samples["placement"] = placement_record(loaded.split)
     model, shape = loaded.model, loaded.shape
     feed = feed_for(source, protocol, model.config.vocab_size, trust_remote_code)
     if isinstance(feed, str):
@@ -165,7 +189,10 @@ def _measure(
     result.environment[INPUTS_SHA256_PARAM] = feed.sha256
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
-    session = GenerateSession(model, feed.ids, cell, device, *injected)
+    gpus = len(loaded.split.devices) if loaded.split is not None and session_on_cuda(device) else 1
+    session = GenerateSession(
+        model, feed.ids, cell, device, *injected, device_memory=CudaMemory(gpus) if gpus > 1 else None
+    )
     if cell.compile and not session_on_cuda(device):
         session.compile_forward()
     skips_before = cudagraph_skips() if cell.compile else 0  # a graph skipped when compiled stays skipped
@@ -292,6 +319,39 @@ class Loaded:
     model: torch.nn.Module
     shape: KvShape
     seconds: float  # building it (`model_load_s`)
+    split: Split | None = None  # placed over several devices
+
+
+def cell_split(cell: Cell, ref: ModelRef, devices: tuple[str, ...], trust_remote_code: bool) -> Split:
+    """Which layers each device runs: `split_layers` on the same bytes the planner balanced (the model's
+    layout from a meta-device build, its cache layers from its config)."""
+    config = load_config(ref, trust_remote_code)
+    shape, layout = kv_shape(config), weight_layout(config)
+    estimate = estimate_peak(cell, get_strategy(cell.cache), shape, layout.elements(), len(devices), layout)
+    return Split(devices, estimate.per_gpu)
+
+
+def placement_record(split: Split) -> dict[str, Any]:
+    """samples.json's account of a split model: each device, its layers and its predicted bytes."""
+    return {
+        "devices": list(split.devices),
+        "layers": [[load.layers.start, load.layers.stop - 1] for load in split.loads],
+        "holds_head": [load.holds_head for load in split.loads],
+        "predicted_peak_bytes": [load.peak_bytes for load in split.loads],
+    }
+
+
+def cell_devices(protocol: MeasureProtocol, seam_devices: int = 0) -> tuple[str, ...]:
+    """The devices a cell places its model over: one `cuda:i` per GPU Ray gave its actor (it sees only
+    those), or with the `testing.split_devices` seam that many times the CPU; () for one device."""
+    if seam_devices > 1:
+        return ("cpu",) * seam_devices
+    if protocol.gpus <= 1:
+        return ()
+    visible = torch.cuda.device_count()
+    if visible < protocol.gpus:
+        raise RuntimeError(f"cell planned over {protocol.gpus} GPUs, but its worker sees {visible}")
+    return tuple(f"cuda:{i}" for i in range(protocol.gpus))
 
 
 def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:
@@ -312,9 +372,11 @@ def _load(
     trust_remote_code: bool,
     on_phase: Callable[[str], None],
     source: Cell | None = None,
+    split_devices: int = 0,
 ) -> Loaded | str:
-    """The cell's model on its device, or why the cell is skipped (found before or after building it).
-    `source`: the cell with its model where it is read from (`fetched_source`)."""
+    """The cell's model on its device (or its devices), or why the cell is skipped (found before or after
+    building it). `source`: the cell with its model where it is read from (`fetched_source`);
+    `split_devices`: the seam that splits it over that many CPU devices."""
     device = protocol.device
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
@@ -322,12 +384,19 @@ def _load(
     if reason is not None:
         return reason
     loaded_at = time.perf_counter()
-    model = build_model(classify((source or cell).model), cell.dtype, device, protocol.seed, trust_remote_code)
+    ref = classify((source or cell).model)
+    devices = cell_devices(protocol, split_devices)
+    split = cell_split(cell, ref, devices, trust_remote_code) if devices else None
+    if split is not None:
+        dtype = torch_dtype_of(cell.dtype)
+        model, _ = build_split_model(ref, dtype, protocol.seed, split, trust_remote_code, cell.weights)
+    else:
+        model = build_model(ref, cell.dtype, device, protocol.seed, trust_remote_code, cell.weights)
     seconds = time.perf_counter() - loaded_at
     on_phase("built")
     shape = kv_shape(model.config)
     reason = skip_reason(cell, device, shape, package_installed)
-    return reason if reason is not None else Loaded(model, shape, seconds)
+    return reason if reason is not None else Loaded(model, shape, seconds, split)
 
 
 def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:
@@ -339,6 +408,8 @@ def _call_samples(call: MeasuredCall, contention: CallContention | None = None) 
         Metric.PEAK_HOST_RSS_BYTES: call.peak.host_rss_bytes,
         Metric.PEAK_DEVICE_MEM_BYTES: call.peak.device_bytes,
     }
+    if call.peak.device_bytes_each is not None:  # a model over several GPUs: each one's peak
+        samples["peak_device_mem_bytes_per_gpu"] = call.peak.device_bytes_each
     return samples | (contention.to_dict() if contention is not None else {})
 
 

@@ -52,6 +52,11 @@ def _help(default: Any, text: str, bound: Bound | None = None) -> Any:
 @dataclass
 class GridConfig:
     models: list[str] = _help(lambda: ["tiny-llama"], "model references: preset name, local path or Hub id")
+    weights: list[str] = _help(
+        lambda: ["none"],
+        "weight quantization applied when a model is loaded: none, quanto-int8, quanto-int4 (CPU and CUDA), "
+        "bnb-nf4, bnb-int8 (CUDA), torchao-int4 (CUDA)",
+    )
     dtypes: list[str] = _help(lambda: ["float32"], "float32, float16, bfloat16")
     context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens", AT_LEAST_1)
     batch_sizes: list[int] = _help(lambda: [1], "batch sizes", AT_LEAST_1)

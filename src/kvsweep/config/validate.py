@@ -12,6 +12,7 @@ from kvsweep.config.schema import Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
 from kvsweep.grid import cached_tokens
+from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.names import Metric
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -28,6 +29,11 @@ def validate(cfg: dict[str, Any]) -> None:
             get_strategy(name)
         except KeyError as err:  # the registry's one-line message names the bad part and what is allowed
             raise ConfigError(f"grid.caches[{i}]: {err.args[0]}") from None
+    for i, name in enumerate(grid["weights"]):
+        try:
+            weight_scheme(str(name))
+        except ValueError as err:  # one line naming the bad name and the schemes there are
+            raise ConfigError(f"grid.weights[{i}]: {err}") from None
     for i, dtype in enumerate(grid["dtypes"]):
         if dtype not in DTYPES:
             raise ConfigError(f"grid.dtypes[{i}]: unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")

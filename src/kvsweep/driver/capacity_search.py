@@ -195,7 +195,7 @@ def plan_searches(
     cfg: KvSweepConfig, device: str, limits: PlanLimits, protocol: MeasureProtocol, inputs_by_model: dict[str, str]
 ) -> tuple[CapacitySearches, dict[str, str]]:
     """The sweep's searches, each started at its predicted boundary, and the models that cannot be read."""
-    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
+    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code, cfg.grid.weights)
     budget = memory_budget(device, limits.device_bytes, cfg.measure.device_memory_limit_gb)
 
     def plan_probe(cell: Cell) -> PlannedCell:
@@ -210,6 +210,8 @@ def plan_searches(
             device_bytes=limits.device_bytes,
             skip_predicted_oom=False,
             host=limits.host,
+            gpus=limits.gpus,
+            layout=fact.layout if fact else None,
         )
         host = limits.host
         if planned.runs and planned.offload is not None and cfg.planner.skip_predicted_oom:

@@ -31,7 +31,7 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
     )
     limits = plan_limits(cfg, device, inputs.spec)
     if cfg.search.batch or cfg.search.contexts:
-        protocol = protocol_of(cfg.measure, device, inputs.spec)
+        protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus)
         searches, problems = plan_searches(cfg, device, limits, protocol, inputs.by_model)
         text = "\n".join(search_text(searches))
         text += "\n\nfirst probes: " + plan_text(searches.first_probes(), problems, device, limits)

@@ -212,7 +212,7 @@ class SweepRun:
 
         device, spec, cfg = self.connected.device, self.inputs.spec, self.cfg
         limits = plan_limits(cfg, device, spec)
-        protocol = protocol_of(cfg.measure, device, spec)
+        protocol = protocol_of(cfg.measure, device, spec, limits.gpus)
         searches = None
         if cfg.search.batch or cfg.search.contexts:
             searches, problems = plan_searches(cfg, device, limits, protocol, self.inputs.by_model)
@@ -289,6 +289,8 @@ class SweepRun:
                 device_bytes=limits.device_bytes,
                 skip_predicted_oom=cfg.planner.skip_predicted_oom,
                 host=limits.host,
+                gpus=limits.gpus,
+                layout=facts.layout,
             )
 
         after, problems = plan_after(pending, planned.problems, fetches, replan if planned.searches is None else None)

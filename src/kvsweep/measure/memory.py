@@ -43,28 +43,38 @@ class DeviceMemory(Protocol):
 
 
 class CudaMemory:
-    """`torch.cuda.max_memory_allocated` semantics: the peak since the last reset, in bytes."""
+    """`torch.cuda.max_memory_allocated` semantics: the peak since the last reset, in bytes, of each of the
+    cell's `gpus` GPUs (a model split over several: `peak_bytes` is the largest, `peaks` each one's)."""
+
+    def __init__(self, gpus: int = 1) -> None:
+        self.gpus = gpus
 
     def synchronize(self) -> None:
         import torch
 
-        torch.cuda.synchronize()
+        for gpu in range(self.gpus):
+            torch.cuda.synchronize(gpu)
 
     def reset_peak(self) -> None:
         import torch
 
-        torch.cuda.reset_peak_memory_stats()
+        for gpu in range(self.gpus):
+            torch.cuda.reset_peak_memory_stats(gpu)
 
-    def peak_bytes(self) -> int:
+    def peaks(self) -> list[int]:
         import torch
 
-        return int(torch.cuda.max_memory_allocated())
+        return [int(torch.cuda.max_memory_allocated(gpu)) for gpu in range(self.gpus)]
+
+    def peak_bytes(self) -> int:
+        return max(self.peaks())
 
 
 @dataclass
 class PeakMemory:
     host_rss_bytes: int = 0
-    device_bytes: int | None = None  # None without an accelerator
+    device_bytes: int | None = None  # None without an accelerator; over several GPUs, the largest
+    device_bytes_each: list[int] | None = None  # over several GPUs: each one's peak, in the cell's GPU order
     host_method: str = HWM  # HWM, or SAMPLED with the reason the kernel's mark could not be reset
 
 
@@ -114,6 +124,8 @@ def track_peak_memory(device: DeviceMemory | None) -> Iterator[PeakMemory]:
     if device is not None:
         device.synchronize()
         peak.device_bytes = device.peak_bytes()
+        if isinstance(device, CudaMemory) and device.gpus > 1:
+            peak.device_bytes_each = device.peaks()
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from transformers.initialization import no_init_weights
 
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.models.resolve import ModelRef, load_config
+from kvsweep.models.weight_schemes import quantization_config, quantize_built_model, weight_scheme
 
 INIT_STD = 0.02
 
@@ -22,13 +23,22 @@ def torch_dtype_of(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def build_model(ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False) -> PreTrainedModel:
+def build_model(
+    ref: ModelRef, dtype: str, device: str, seed: int, trust_remote_code: bool = False, weights: str = "none"
+) -> PreTrainedModel:
+    """`weights`: a weight quantization (`grid.weights`) applied as the model loads: a checkpoint through
+    Transformers' quantizer (`quantization_config`), a preset's random weights quantized in place, the same
+    modules either way."""
     torch_dtype = torch_dtype_of(dtype)
+    scheme = weight_scheme(weights)
     if ref.kind == "preset":
         model = _random_model(ref, torch_dtype, device, seed)
+        if scheme is not None:
+            quantize_built_model(model, scheme)
     else:
+        quantized = {} if scheme is None else {"quantization_config": quantization_config(scheme)}
         model = AutoModelForCausalLM.from_pretrained(
-            ref.reference, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code
+            ref.reference, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code, **quantized
         )
     model.eval()
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens

@@ -13,18 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvsweep.models.presets import PRESETS
-from kvsweep.models.resolve import ModelRef, kv_shape, load_config, parameter_count
+from kvsweep.models.presets import PRESETS, Preset
+from kvsweep.models.resolve import ModelRef, kv_shape, load_config, parameter_count, weight_layout
 from kvsweep.models.shape import KvShape, shape_from_dict
+from kvsweep.models.weight_layout import WeightLayout, layout_of_preset
+from kvsweep.models.weight_schemes import prequantized_label
 
 # Config keys that mean the plain reading may be wrong: custom code, packed weights, nested towers.
 NEEDS_TRANSFORMERS = ("auto_map", "quantization_config", "text_config")
+PRESET_FAMILIES = frozenset(p.model_type for p in PRESETS.values())  # whose layout `layout_of_preset` knows
 
 
 @dataclass(frozen=True)
 class ModelFacts:
     shape: KvShape
     parameters: int | None  # None when the model cannot be built on the meta device here
+    layout: WeightLayout | None = None  # where the weights are, layer by layer; None: not known here
+    prequantized: str | None = None  # the checkpoint's own weight quantization (`awq-int4`, `fp8`...); None: none
 
 
 def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
@@ -33,17 +38,24 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
         preset = PRESETS[ref.reference]
         shape = shape_from_dict(preset.config)
         assert shape is not None, f"preset {preset.name} lacks a shape key"
-        return ModelFacts(shape, preset.parameters())
+        return ModelFacts(shape, preset.parameters(), layout_of_preset(preset))
     if ref.kind == "local":
         facts = _plain_folder_facts(Path(ref.reference))
         if facts is not None:
             return facts
     config = load_config(ref, trust_remote_code)
+    prequantized = prequantized_label(config.to_dict())
     try:
         parameters: int | None = parameter_count(config)
     except Exception:  # custom code the meta device cannot build: no prediction, still runs
-        parameters = None
-    return ModelFacts(kv_shape(config), parameters)
+        return ModelFacts(kv_shape(config), None, prequantized=prequantized)
+    try:
+        layout: WeightLayout | None = weight_layout(config)
+    except ValueError:  # no list of decoder layers found: a split over GPUs spreads the count evenly
+        layout = None
+    if prequantized is not None:  # a 16-bit layout of packed weights would be a guess: none, nor a count
+        return ModelFacts(kv_shape(config), None, None, prequantized)
+    return ModelFacts(kv_shape(config), parameters, layout)
 
 
 def _plain_folder_facts(folder: Path) -> ModelFacts | None:
@@ -57,9 +69,21 @@ def _plain_folder_facts(folder: Path) -> ModelFacts | None:
     if shape is None or not weights or any(key in config for key in NEEDS_TRANSFORMERS):
         return None
     try:
-        return ModelFacts(shape, sum(safetensors_elements(path) for path in weights))
+        parameters = sum(safetensors_elements(path) for path in weights)
     except (OSError, ValueError, KeyError, struct.error):
         return None
+    return ModelFacts(shape, parameters, _family_layout(config, parameters))
+
+
+def _family_layout(config: dict[str, Any], parameters: int) -> WeightLayout | None:
+    """A folder of a family the presets describe gets their layout, when it accounts for every stored weight."""
+    if config.get("model_type") not in PRESET_FAMILIES:
+        return None
+    try:
+        layout = layout_of_preset(Preset("local", config["model_type"], config))
+    except (KeyError, TypeError):
+        return None
+    return layout if layout.elements() == parameters else None
 
 
 def safetensors_elements(path: Path) -> int:

@@ -155,6 +155,23 @@ PRESETS: dict[str, Preset] = {
             "meta-llama/Llama-3.1-8B",
         ),
         Preset(
+            "llama-3.1-70b",
+            "llama",
+            dict(
+                vocab_size=128256,
+                hidden_size=8192,
+                intermediate_size=28672,
+                num_hidden_layers=80,
+                num_attention_heads=64,
+                num_key_value_heads=8,
+                max_position_embeddings=131072,
+                rope_parameters=_llama3_rope(500000.0),
+                rms_norm_eps=1e-5,
+                tie_word_embeddings=False,
+            ),
+            "meta-llama/Llama-3.1-70B",
+        ),
+        Preset(
             "mistral-7b",
             "mistral",
             dict(

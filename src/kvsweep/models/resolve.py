@@ -8,7 +8,9 @@ from kvsweep.models.presets import PRESETS
 from kvsweep.models.shape import KvShape, layer_layout
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from kvsweep.models.weight_layout import WeightLayout
 
 ModelKind = Literal["preset", "local", "hub"]
 
@@ -65,15 +67,27 @@ def kv_shape(config: "PretrainedConfig") -> KvShape:
     )
 
 
-def parameter_count(config: "PretrainedConfig") -> int:
-    """Exact parameter count (tied weights once), from a model built on the meta device: no memory, no time."""
+def meta_model(config: "PretrainedConfig") -> "PreTrainedModel":
+    """The model built on the meta device, its tied weights tied: shapes and names, no memory, no time."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()
-    return sum(p.numel() for p in model.parameters())
+    return model
+
+
+def parameter_count(config: "PretrainedConfig") -> int:
+    """Exact parameter count (tied weights once), from a model built on the meta device."""
+    return sum(p.numel() for p in meta_model(config).parameters())
+
+
+def weight_layout(config: "PretrainedConfig") -> "WeightLayout":
+    """Where the weights are, layer by layer (tied weights once), from a model built on the meta device."""
+    from kvsweep.models.weight_layout import layout_of_module
+
+    return layout_of_module(meta_model(config), config.get_text_config(decoder=True).num_hidden_layers)
 
 
 def hub_cache_folder(repo_id: str, cache_dir: str | None = None) -> Path:

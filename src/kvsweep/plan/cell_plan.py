@@ -9,6 +9,8 @@ from kvsweep.caches.layer_tokens import quantized_layers_problem
 from kvsweep.caches.native_build import Toolchain, build_problem
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
+from kvsweep.models.weight_layout import WeightLayout
+from kvsweep.models.weight_schemes import scheme_problem
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
@@ -48,25 +50,35 @@ def plan_cell(
     toolchain: Toolchain | None = None,
     host: HostLimits | None = None,
     launcher: Callable[[], str | None] | None = None,
+    gpus: int = 1,
+    layout: WeightLayout | None = None,
 ) -> PlannedCell:
     """`shape` is None when the model's config could not be read here (the runner reports why).
 
     With the model's parameter count and the smallest GPU's size known, a CUDA cell predicted not to
-    fit is planned as skipped (unless `skip_predicted_oom` is off). Triton's launcher toolchain is
-    not judged here unless `launcher` is given: the plan is made on the driver, not where cells run.
+    fit is planned as skipped (unless `skip_predicted_oom` is off). With `gpus` > 1 the model is split over
+    them as the cell will place it (`layout`: where its weights are) and the fullest GPU must fit.
+    Triton's launcher toolchain is not judged here unless `launcher` is given: the plan is made on the
+    driver, not where cells run.
     """
     strategy = get_strategy(cell.cache)
     dense = stored = memory = None
     if shape is not None:
         dense = cell_dense_kv_bytes(cell, shape)
         stored = cell_stored_kv_bytes(cell, shape)
-        if parameters is not None:
-            memory = estimate_peak(cell, strategy, shape, parameters)
+    split = gpus if device == "cuda" else 1
     reason = skip_reason(cell, device, shape, is_installed, toolchain, launcher)
+    if reason is None and shape is not None and split > shape.layers:
+        reason = (
+            f"{shape.layers} decoder layers cannot be split over {split} GPUs (ray.gpus_per_cell): one each at least"
+        )
+    if shape is not None and parameters is not None and split <= shape.layers:
+        memory = estimate_peak(cell, strategy, shape, parameters, split, layout)
     gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
     if reason is None and memory is not None and gpu_known and not fits(memory, device_bytes or 0):
+        where = f" on the fullest of {len(memory.per_gpu)} GPUs" if memory.per_gpu else ""
         reason = (
-            f"predicted oom: needs {memory.peak_bytes / GB:.1f} GB "
+            f"predicted oom: needs {memory.peak_bytes / GB:.1f} GB{where} "
             f"(+{CUDA_CONTEXT_BYTES / GB:.1f} GB CUDA context) of {(device_bytes or 0) / GB:.1f} GB"
         )
     offload = None
@@ -93,6 +105,8 @@ def skip_reason(
         return f"{strategy.base_name} needs CUDA; cells run on {device}"
     if needs.package and not is_installed(needs.package):
         return f"{strategy.name} needs the '{needs.package}' package ({needs.install_hint()})"
+    if problem := scheme_problem(cell.weights, device, is_installed, cell.dtype):
+        return problem
     for build in (b for b in needs.native_builds if b.device == device):
         if problem := build_problem(build, toolchain):
             return problem

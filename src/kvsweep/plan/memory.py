@@ -4,18 +4,25 @@ peak = weights + the KV cache as the strategy keeps it on the device + a working
 Weights and KV are exact arithmetic (tests check them against a built model's parameter bytes and
 measured `kv_cache_bytes`); the working set is an allowance for prefill activations, the last
 token's logits, and the per-layer K/V copies that concatenation and dequantization make.
+
+A cell with several GPUs (`ray.gpus_per_cell`) is predicted GPU by GPU, split as the cell will place
+it (`plan/sharding.py`): each GPU's weights and cache layers, the working set on each, the logits on
+the GPU with the head. Its peak is the largest GPU's.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.caches.layer_tokens import token_bytes, windows
+from kvsweep.caches.layer_tokens import offloads, token_bytes, windows
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
+from kvsweep.models.weight_layout import Block, WeightLayout
+from kvsweep.models.weight_schemes import block_bytes, layout_bytes, weight_scheme
 from kvsweep.plan.kv_bytes import cell_device_kv_bytes
+from kvsweep.plan.sharding import GpuLoad, LayerCosts, split_layers
 from kvsweep.units import GB
 
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
@@ -24,34 +31,115 @@ CUDA_CONTEXT_BYTES = 1 << 30
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    weights_bytes: int
-    kv_device_bytes: int
-    working_bytes: int
+    weights_bytes: int  # all GPUs together
+    kv_device_bytes: int  # all GPUs together
+    working_bytes: int  # on one GPU: the largest any GPU needs
+    per_gpu: tuple[GpuLoad, ...] = ()  # a cell over several GPUs: each one's share; () on one
 
     @property
     def peak_bytes(self) -> int:
+        """The largest one GPU is predicted to reach (the measured `peak_device_mem_bytes` is the same)."""
+        if self.per_gpu:
+            return max(load.peak_bytes for load in self.per_gpu)
         return self.weights_bytes + self.kv_device_bytes + self.working_bytes
 
 
-def estimate_peak(cell: Cell, strategy: CacheStrategy, shape: KvShape, parameters: int) -> MemoryEstimate:
-    bytes_per = DTYPE_BYTES[cell.dtype]
-    tokens = cell.cached_tokens
-    stored = cell_device_kv_bytes(cell, shape)
-    one_layer_kv = largest_layer_kv_bytes(shape, tokens, cell.batch_size, cell.dtype)
+def estimate_peak(
+    cell: Cell,
+    strategy: CacheStrategy,
+    shape: KvShape,
+    parameters: int,
+    gpus: int = 1,
+    layout: WeightLayout | None = None,
+) -> MemoryEstimate:
+    """One GPU's peak; with `gpus` > 1, each GPU's as `split_layers` places the model (by `layout`, where the
+    weights are; None: the parameters spread evenly over the layers, the embeddings before them)."""
+    activations, logits = working_set(cell, strategy, shape)
+    one_layer_kv = largest_layer_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)
+    single = MemoryEstimate(
+        weights_bytes(cell, parameters, layout),
+        cell_device_kv_bytes(cell, shape),
+        activations + logits + 2 * one_layer_kv,
+    )
+    if gpus <= 1:
+        return single
+    loads = split_layers(layer_costs(cell, strategy, shape, layout or even_layout(shape, parameters)), gpus)
+    return replace(single, working_bytes=max(load.working_bytes for load in loads), per_gpu=loads)
+
+
+def weights_bytes(cell: Cell, parameters: int, layout: WeightLayout | None) -> int:
+    """The weights as the cell loads them: in its dtype, or quantized (`cell.weights`; exact per module where
+    the layout is known, else every parameter at the scheme's bits)."""
+    scheme = weight_scheme(cell.weights)
+    if scheme is None:
+        return parameters * DTYPE_BYTES[cell.dtype]
+    if layout is None:
+        return parameters * scheme.bits // 8
+    return layout_bytes(layout, scheme, DTYPE_BYTES[cell.dtype])
+
+
+def working_set(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> tuple[int, int]:
+    """(prefill activations, the last token's logits): what a forward pass needs beside weights and cache."""
     rows = cell.batch_size * cell.context_length  # prefill processes every prompt token at once
-    activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * bytes_per
-    logits = cell.batch_size * shape.vocab_size * 4 * 2  # last position, upcast to fp32, plus softmax
-    working = activations + logits + 2 * one_layer_kv
     if strategy.implementation is None:  # no cache: every step re-runs a prefill of the whole sequence
-        working = (
-            cell.batch_size
-            * (cell.context_length + cell.max_new_tokens)
-            * (4 * shape.hidden_size + 3 * shape.intermediate_size)
-            * bytes_per
-            + logits
-            + 2 * one_layer_kv
-        )
-    return MemoryEstimate(parameters * bytes_per, stored, working)
+        rows = cell.batch_size * (cell.context_length + cell.max_new_tokens)
+    activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * DTYPE_BYTES[cell.dtype]
+    logits = cell.batch_size * shape.vocab_size * 4 * 2  # last position, upcast to fp32, plus softmax
+    return activations, logits
+
+
+def layer_costs(cell: Cell, strategy: CacheStrategy, shape: KvShape, layout: WeightLayout) -> LayerCosts:
+    """The bytes `split_layers` balances, layer by layer, for this cell."""
+    bytes_per, scheme = DTYPE_BYTES[cell.dtype], weight_scheme(cell.weights)
+    activations, logits = working_set(cell, strategy, shape)
+    decoded = cell.max_new_tokens - 1
+    one = token_bytes(shape, cell.batch_size, cell.dtype)
+    kv, moved, transient = [], [], []
+    for index, window in enumerate(windows(shape)):
+        held = strategy.held_bytes(layer_shape(shape, index), cell.batch_size, cell.dtype, cell.context_length, decoded)
+        state = shape.state_elements[index] * cell.batch_size * bytes_per if shape.state_elements else 0
+        is_moved = offloads(strategy, window)
+        kv.append(state if is_moved else held)
+        moved.append(held - state if is_moved else 0)
+        transient.append(2 * one * (cell.cached_tokens if window is None else min(cell.cached_tokens, window)))
+    return LayerCosts(
+        first=block_bytes(layout.first, scheme, bytes_per),
+        last=block_bytes(layout.last, scheme, bytes_per, quantized=False),  # the head stays in the dtype
+        weights=tuple(block_bytes(block, scheme, bytes_per) for block in layout.layers),
+        kv=tuple(kv),
+        moved_kv=tuple(moved),
+        device_layers=strategy.device_layers or 0,
+        working=activations,
+        layer_working=tuple(transient),
+        head_working=logits,
+        # weights after the layers but no linear among them: the final norm alone, the head tied to the embeddings
+        head_on_first=not layout.last.linears and layout.last.elements() > 0,
+    )
+
+
+def layer_shape(shape: KvShape, index: int) -> KvShape:
+    """Layer `index` alone, as a one-layer model: what the strategies' byte accounting takes."""
+    window = windows(shape)[index]
+    state = shape.state_elements[index] if shape.state_elements else 0
+    full = window is None and not state
+    return replace(
+        shape,
+        layers=1,
+        layer_windows=() if full else (window,),
+        state_elements=(state,) if state else (),
+    )
+
+
+def even_layout(shape: KvShape, parameters: int) -> WeightLayout:
+    """Where the weights are when only their count is known: the embeddings first, the rest spread evenly
+    over the layers (a head is counted as part of the layers, and run on the last GPU: tied or not cannot be told)."""
+    embeddings = min(parameters, shape.vocab_size * shape.hidden_size)
+    per_layer, rest = divmod(parameters - embeddings, shape.layers)
+    return WeightLayout(
+        first=Block(other_elements=embeddings + rest),
+        layers=tuple(Block(other_elements=per_layer) for _ in range(shape.layers)),
+        last=Block(),
+    )
 
 
 def largest_layer_kv_bytes(shape: KvShape, tokens: int, batch: int, dtype: str) -> int:

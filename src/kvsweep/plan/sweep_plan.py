@@ -3,7 +3,8 @@
 from dataclasses import asdict, dataclass
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
-from kvsweep.grid import MeasureProtocol, expand_grid
+from kvsweep.errors import ConfigError
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, MeasureProtocol, expand_grid
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
@@ -11,11 +12,15 @@ from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
+from kvsweep.plan.sharding import GpuLoad, layers_text
 from kvsweep.units import GB, MIB
 
 
-def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, ModelFacts], dict[str, str]]:
-    """Read each model's facts once (presets instantly). Unreadable ones get an error message."""
+def model_facts(
+    models: list[str], trust_remote_code: bool, weights: list[str] | None = None
+) -> tuple[dict[str, ModelFacts], dict[str, str]]:
+    """Read each model's facts once (presets instantly). Unreadable ones get an error message. `weights`: the
+    grid's weight quantizations; one asked for a checkpoint that is already quantized is a `ConfigError`."""
     facts: dict[str, ModelFacts] = {}
     problems: dict[str, str] = {}
     for model in models:
@@ -27,7 +32,21 @@ def model_facts(models: list[str], trust_remote_code: bool) -> tuple[dict[str, M
                 f"model {model!r} could not be resolved: not a bundled preset, not a local folder, "
                 f"and the Hub lookup failed ({first[:200]})"
             )
+    for model, fact in facts.items():
+        if problem := requantize_problem(model, fact, weights or []):
+            raise ConfigError(problem)
     return facts, problems
+
+
+def requantize_problem(model: str, facts: ModelFacts, weights: list[str]) -> str | None:
+    """Why quantizing this model's weights is refused: its checkpoint is quantized already."""
+    asked = [w for w in weights if w != NO_WEIGHT_QUANTIZATION]
+    if facts.prequantized is None or not asked:
+        return None
+    return (
+        f"grid.weights: {asked[0]} asked for {model}, whose checkpoint is already quantized "
+        f"({facts.prequantized}); its weights load as they are: sweep it with grid.weights=[none]"
+    )
 
 
 @dataclass(frozen=True)
@@ -38,6 +57,12 @@ class PlanLimits:
     device_from: str
     host: HostLimits
     host_from: str
+    gpus: int = 1  # GPUs each cell's model is split over (`ray.gpus_per_cell` on CUDA)
+
+
+def cell_gpus(cfg: KvSweepConfig, device: str) -> int:
+    """GPUs a cell places its model over: `ray.gpus_per_cell` on CUDA, none to split over elsewhere."""
+    return cfg.ray.gpus_per_cell if device == "cuda" else 1
 
 
 def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None) -> PlanLimits:
@@ -53,10 +78,10 @@ def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None
         capped = int(limit_gb * GB) + CUDA_CONTEXT_BYTES
         if device_bytes is None or capped < device_bytes:
             device_bytes, device_from = capped, "measure.device_memory_limit_gb plus the CUDA context"
-    protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg))
+    protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg), cell_gpus(cfg, device))
     host = host_limits(planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, protocol)
     host_from = "planner.host_memory_gb" if planner.host_memory_gb > 0 else "this machine's"
-    return PlanLimits(device_bytes, device_from, host, host_from)
+    return PlanLimits(device_bytes, device_from, host, host_from, cell_gpus(cfg, device))
 
 
 def plan_sweep(
@@ -65,7 +90,7 @@ def plan_sweep(
     """`limits`: what `plan_limits` finds, when the caller prints them too (found once); `inputs_by_model`:
     what each model is fed (`driver/inputs_choice.py`; random ids where it says nothing)."""
     cells = expand_grid(asdict(cfg.grid), inputs_by_model)
-    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code)
+    facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code, cfg.grid.weights)
     limits = limits or plan_limits(cfg, device)
     planned = []
     for cell in cells:
@@ -79,6 +104,8 @@ def plan_sweep(
                 device_bytes=limits.device_bytes,
                 skip_predicted_oom=cfg.planner.skip_predicted_oom,
                 host=limits.host,
+                gpus=limits.gpus,
+                layout=fact.layout if fact else None,
             )
         )
     return planned, problems
@@ -107,6 +134,12 @@ def offload_note(estimate: OffloadEstimate) -> str:
     )
 
 
+def gpus_note(loads: tuple[GpuLoad, ...]) -> str:
+    """A cell over several GPUs: each one's layers and predicted peak, as the cell will place it."""
+    each = " + ".join(f"{load.peak_bytes / MIB:.0f}" for load in loads)
+    return f"{len(loads)} GPUs, layers {layers_text(loads)}, peak per GPU {each} MiB"
+
+
 def plan_text(
     planned: list[PlannedCell], problems: dict[str, str], device: str, limits: PlanLimits | None = None
 ) -> str:
@@ -121,6 +154,8 @@ def plan_text(
         what = problems.get(p.cell.model) or ("run" if p.runs else f"skip: {p.skip_reason}")
         if p.runs and p.offload is not None:
             what += f" ({offload_note(p.offload)})"
+        if p.memory is not None and p.memory.per_gpu:
+            what += f" ({gpus_note(p.memory.per_gpu)})"
         label = f"{p.cell.label} new{p.cell.max_new_tokens}"
         lines.append(f"{label:62s} kv {kv} MiB (dense {dense}) peak {peak} MiB  {what}")
     return "\n".join(lines)
@@ -145,7 +180,7 @@ def inputs_spec(cfg: KvSweepConfig) -> InputSpec:
     return InputSpec(tuple(cfg.inputs.depths), cfg.inputs.chat_template, cfg.measure.quality_trials)
 
 
-def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec) -> MeasureProtocol:
+def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec, gpus: int = 1) -> MeasureProtocol:
     return MeasureProtocol(
         warmup=m.warmup,
         repeats=m.repeats,
@@ -160,4 +195,5 @@ def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec) -> MeasureProt
         max_duration_s=m.max_duration_s,
         device_memory_limit_gb=m.device_memory_limit_gb,
         inputs=inputs,
+        gpus=gpus,
     )

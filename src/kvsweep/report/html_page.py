@@ -6,12 +6,15 @@ mailed, attached to a ticket or opened on an air-gapped machine.
 
 import base64
 import html
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvsweep.report.capacity_tables import CapacitySection
 from kvsweep.report.listing import Listing
 from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
+from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
+from kvsweep.report.weights_kv import WeightsKvTable
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -65,6 +68,16 @@ def _capacity(section: CapacitySection) -> list[str]:
     return parts
 
 
+def _weights_kv(tables: Sequence[WeightsKvTable]) -> list[str]:
+    if not tables:
+        return []
+    parts = ["<h2>Weights x KV cache</h2>", f'<p class="muted">{html.escape(WEIGHTS_KV_INTRO)}</p>']
+    for i, t in enumerate(tables):
+        rows: list[list[TableCell]] = [list(row) for row in t.rows]
+        parts += [f"<h3>{html.escape(t.title)}</h3>", html_table(t.header, rows, f"weights-kv-{i}")]
+    return parts
+
+
 def render_page(
     title: str,
     intro: str,
@@ -74,6 +87,7 @@ def render_page(
     parent_url: str,
     listing: Listing | None = None,
     capacity: CapacitySection | None = None,
+    weights_kv: Sequence[WeightsKvTable] = (),
 ) -> str:
     """The decision table lists `listing.listed` (default: every decision), the evidence table every decision."""
     parent = f'<p>MLflow sweep run: <a href="{html.escape(parent_url)}">{html.escape(parent_url)}</a></p>'
@@ -94,6 +108,7 @@ def render_page(
         listed,
         "<h2>Evidence</h2>",
         html_table(*evidence_rows(decisions, links), "evidence") if decisions else "",
+        *_weights_kv(weights_kv),
         "<h2>Plots</h2>",
         *(f"<h3>{html.escape(p.stem)}</h3>{inline_image(p)}" for p in plots),
     ]

@@ -8,6 +8,8 @@ from kvsweep.report.capacity_tables import CapacitySection
 from kvsweep.report.listing import Listing
 from kvsweep.report.quality_gate import depth_accuracies, task_accuracy
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
+from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
+from kvsweep.report.weights_kv import WeightsKvTable
 from kvsweep.units import MIB
 
 
@@ -72,7 +74,7 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     header = ["model", "dtype", "batch", "context", "new tokens", f"pick{ranked}", f"leanest within {within}", "notes"]
     rows = []
     for d in decisions:
-        model, dtype, batch, context, new = d.key
+        model, dtype, batch, context, new, _ = d.key
         failed = [f"{e.label}: {e.status}" for e in d.entries if e.status != "ok"]
         refused = [f"{e.label}: refused, {reason}" for e in d.refused() for reason in e.gate.refusals]
         flagged = [f"{e.label}: {flag}" for e in d.entries if e.status == "ok" for flag in e.gate.drift]
@@ -198,8 +200,10 @@ def selection_markdown(
     links: dict[str, str],
     listing: Listing | None = None,
     capacity: CapacitySection | None = None,
+    weights_kv: Sequence[WeightsKvTable] = (),
 ) -> str:
-    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision."""
+    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision;
+    `weights_kv`: the weights x cache tables, when the sweep quantized weights."""
     if not decisions:
         return f"# {title}\n\nNo cells.\n"
     listing = listing or Listing(decisions)
@@ -214,9 +218,20 @@ def selection_markdown(
             listed,
             "## Evidence",
             table(*evidence_rows(decisions, links)),
+            *weights_kv_markdown(weights_kv),
             "",
         ]
     )
+
+
+def weights_kv_markdown(tables: Sequence[WeightsKvTable]) -> list[str]:
+    """The weights x KV cache section's blocks; none without tables."""
+    if not tables:
+        return []
+    blocks = ["## Weights x KV cache", WEIGHTS_KV_INTRO]
+    for t in tables:
+        blocks += [f"### {_escape(t.title)}", table(t.header, [list(row) for row in t.rows])]
+    return blocks
 
 
 def capacity_markdown(section: CapacitySection) -> list[str]:

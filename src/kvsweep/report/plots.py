@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 from matplotlib.transforms import blended_transform_factory
 
-from kvsweep.grid import strategy_label
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names, file_stem
 from kvsweep.names import ACCURACIES, Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
@@ -26,18 +26,24 @@ from kvsweep.report.selection import memory_basis
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
 
-FacetKey = tuple[str, str, int, int]  # model, dtype, batch size, new tokens
+FacetKey = tuple[str, str, int, int, str]  # model, dtype, batch size, new tokens, weights
 
 
 def facet_key(result: CellResult) -> FacetKey:
     c = result.cell
-    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.max_new_tokens))
+    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.max_new_tokens), c.weights)
 
 
 def facet_name(key: FacetKey, model_name: str) -> str:
     """The figure's file name: the model's display name, not its path (`local-llama_float32_bs1_new16`)."""
-    _, dtype, batch, new = key
+    _, dtype, batch, new, _ = key
     return f"{file_stem(model_name)}_{dtype}_bs{batch}_new{new}"
+
+
+def shown_name(key: FacetKey, names: dict[str, str]) -> str:
+    """The model's display name, and its weights' quantization when it has one (`local-llama quanto-int8`)."""
+    weights = key[4]
+    return names[key[0]] + ("" if weights == NO_WEIGHT_QUANTIZATION else f" {weights}")
 
 
 def colours(results: list[CellResult]) -> dict[str, str]:
@@ -68,13 +74,14 @@ def draw_facets(
     names = display_names(key[0] for key in facets)
     paths = []
     for key in sorted(facets):
-        figure = _facet_figure(key, names[key[0]], facets[key], palette, basis)
-        path = out_dir / f"{facet_name(key, names[key[0]])}.png"
+        shown = shown_name(key, names)
+        figure = _facet_figure(key, shown, facets[key], palette, basis)
+        path = out_dir / f"{facet_name(key, shown)}.png"
         figure.savefig(path, dpi=100)
         paths.append(path)
-        quality = _quality_figure(key, names[key[0]], facets[key], palette, max_kl)
+        quality = _quality_figure(key, shown, facets[key], palette, max_kl)
         if quality is not None:
-            path = out_dir / f"{facet_name(key, names[key[0]])}{QUALITY_SUFFIX}.png"
+            path = out_dir / f"{facet_name(key, shown)}{QUALITY_SUFFIX}.png"
             quality.savefig(path, dpi=100)
             paths.append(path)
     return paths
@@ -89,7 +96,7 @@ def _quality_figure(
     metrics = [m for m in (*ACCURACIES, Metric.KL_DIVERGENCE) if any(_has(r, m) for r in trained)]
     if not metrics:
         return None
-    _, dtype, batch, new = key
+    _, dtype, batch, new, _ = key
     figure = Figure(figsize=(7 * len(metrics), 5.5), layout="constrained")
     axes = figure.subplots(1, len(metrics), squeeze=False)[0]
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens: quality against dynamic", fontsize=13)
@@ -119,7 +126,7 @@ def _kl_limit(ax: Axes, max_kl: float | None) -> None:
 def _facet_figure(
     key: FacetKey, model_name: str, results: list[CellResult], palette: dict[str, str], basis: str
 ) -> Figure:
-    _, dtype, batch, new = key
+    _, dtype, batch, new, _ = key
     figure = Figure(figsize=(21, 9), layout="constrained")
     axes = figure.subplots(2, 4)
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens", fontsize=14)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsweep.caches import BASELINE, cache_rank
-from kvsweep.grid import strategy_label
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, slow_quantized_advice
@@ -29,7 +29,7 @@ from kvsweep.report.uncertainty import CiBounds, metric_interval, overlaps, rati
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
-GroupKey = tuple[str, str, int, int, int]  # model, dtype, batch size, context length, new tokens
+GroupKey = tuple[str, str, int, int, int, str]  # model, dtype, batch size, context length, new tokens, weights
 MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
 TIMING_LABELS = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: "E2E"}  # the `rank_by` choices
 
@@ -90,7 +90,7 @@ class Decision:
 
     @property
     def label(self) -> str:
-        model, dtype, batch, context, new = self.key
+        model, dtype, batch, context, new, _ = self.key
         return f"{self.model_name or model} {dtype} bs{batch} ctx{context} new{new}"
 
     def summary(self) -> str:
@@ -172,7 +172,7 @@ def pct(fraction: float) -> str:
 
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
-    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.context_length), int(c.max_new_tokens))
+    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.context_length), int(c.max_new_tokens), c.weights)
 
 
 def memory_basis(results: Iterable[CellResult]) -> str:
@@ -188,8 +188,9 @@ def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
         groups[group_key(result)].append(result)
     names = display_names(key[0] for key in groups)
     decisions = [_decide_group(key, groups[key], basis, settings) for key in sorted(groups)]
-    for decision in decisions:
-        decision.model_name = names[decision.key[0]]
+    for decision in decisions:  # quantized weights are part of what is chosen for: they follow the name
+        weights = decision.key[5]
+        decision.model_name = names[decision.key[0]] + ("" if weights == NO_WEIGHT_QUANTIZATION else f" {weights}")
     return decisions
 
 

@@ -24,6 +24,7 @@ from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.plots import colours, draw_facets
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import results_csv, results_table
+from kvsweep.report.weights_kv import weights_kv_tables
 from kvsweep.results import CellResult
 
 __all__ = [
@@ -100,9 +101,20 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         section = capacity_section(capacity)
         (folder / CAPACITY_CSV).write_text(capacity_csv(capacity))
         plots = [*draw_capacity(capacity, colours(results), folder / "plots"), *plots]
-    (folder / "selection.md").write_text(selection_markdown(context.title, decisions, context.links, listing, section))
+    weights_kv = weights_kv_tables(results)
+    (folder / "selection.md").write_text(
+        selection_markdown(context.title, decisions, context.links, listing, section, weights_kv)
+    )
     page = render_page(
-        context.title, intro(decisions), decisions, plots, context.links, context.parent_url, listing, section
+        context.title,
+        intro(decisions),
+        decisions,
+        plots,
+        context.links,
+        context.parent_url,
+        listing,
+        section,
+        weights_kv,
     )
     (folder / "report.html").write_text(page)
     return Report(folder, decisions, plots, capacity, listing)

@@ -14,7 +14,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
-SEAM_KEYS = ("faults", "runner", "sleep_s", "hub")
+SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Seams:
     runner: str = ""  # 'module:function' measuring a cell instead of kvsweep's runner (stand_ins.py)
     sleep_s: float = 0.0  # how long the stand-in runner 'measures'
     hub: str = ""  # a folder of repos served in place of the Hugging Face Hub (fake_hub.py)
+    split_devices: int = 0  # each cell's model placed over this many CPU devices, as over that many GPUs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,7 +41,10 @@ def seams_from(raw: dict[str, Any] | None) -> Seams:
     hub = str(raw.get("hub") or "")
     if hub and not Path(hub).is_dir():
         raise ConfigError(f"testing.hub: {hub!r} is not a folder (the repos to serve in place of the Hub)")
-    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub)
+    split = raw.get("split_devices") or 0
+    if isinstance(split, bool) or not isinstance(split, int) or split < 0:
+        raise ConfigError(f"testing.split_devices: {split!r} is not a whole number of devices (0: no split)")
+    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub, split)
 
 
 def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:

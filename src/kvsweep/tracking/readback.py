@@ -9,7 +9,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Run
 
-from kvsweep.grid import Cell
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
 from kvsweep.inputs.spec import RANDOM
 from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, RunTag
 from kvsweep.results import CellResult
@@ -61,6 +61,7 @@ def result_from_run(run: Run) -> CellResult:
         fields[key] = int(fields[key])
     fields["compile"] = fields["compile"] == "true"
     fields["inputs"] = fields["inputs"] or RANDOM  # a run logged before cells had inputs was fed random ids
+    fields["weights"] = fields["weights"] or NO_WEIGHT_QUANTIZATION  # logged before weights were an axis
     return CellResult(
         tags.get(RunTag.CELL_ID, ""),
         Cell(**fields),

@@ -1,0 +1,99 @@
+"""Quantized weights and a quantized KV cache, measured apart: the 2 x 2 a 4-bit deployment needs.
+
+A 4-bit model does not mean a 4-bit cache, and the two save memory, cost speed and lose quality for
+different reasons. Where a sweep has more than one `grid.weights` value for the same request, this
+section lays the cells out as weights (rows) x cache (columns), each against the 16-bit weights with
+the dense cache (`dynamic`): decode time, memory, and quality. Memory is the device peak on GPUs; on
+a CPU the process's peak resident memory, since the weights are in it (the cache's own bytes would
+not show what quantizing the weights saved). Quality is task accuracy where the cells answered a
+task (absolute: comparable across weights), and each cell's agreement with its own dense cache
+(`token_agreement`: what the cache alone loses, under those weights).
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from kvsweep.caches import BASELINE, get_strategy
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION
+from kvsweep.model_names import display_names
+from kvsweep.names import ACCURACIES, Metric
+from kvsweep.results import OK, CellResult
+from kvsweep.units import MIB
+
+Request = tuple[str, str, int, int, int, str]  # model, dtype, batch, context, new tokens, inputs
+
+
+@dataclass(frozen=True)
+class WeightsKvTable:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+INTRO = (
+    "Each request with more than one weight quantization, as weights (rows) x KV cache (columns), against "
+    "16-bit weights with the dense cache (dynamic): median time per output token, peak memory (device on GPUs, "
+    "the process's resident memory on a CPU), task accuracy where the cells answered a task, and agreement with "
+    "the cell's own dense cache (what the cache alone loses under those weights)."
+)
+
+
+def weights_kv_tables(results: list[CellResult]) -> list[WeightsKvTable]:
+    """One table per request whose cells differ in weights; [] when no request does."""
+    requests: dict[Request, list[CellResult]] = defaultdict(list)
+    for result in results:
+        if not result.cell.compile:
+            c = result.cell
+            requests[(c.model, c.dtype, c.batch_size, c.context_length, c.max_new_tokens, c.inputs)].append(result)
+    names = display_names(key[0] for key in requests)
+    tables = []
+    for key in sorted(requests):
+        cells = requests[key]
+        weights = _ordered({r.cell.weights for r in cells}, NO_WEIGHT_QUANTIZATION)
+        if len(weights) < 2:
+            continue
+        caches = _ordered({r.cell.cache for r in cells if _kv_column(r.cell.cache)}, BASELINE)
+        by = {(r.cell.weights, r.cell.cache): r for r in cells}
+        baseline = by.get((NO_WEIGHT_QUANTIZATION, BASELINE))
+        model, dtype, batch, context, new, inputs = key
+        title = f"{names[model]} {dtype} bs{batch} ctx{context} new{new} ({inputs} inputs)"
+        rows = [[w, *(_cell_text(by.get((w, cache)), baseline) for cache in caches)] for w in weights]
+        tables.append(WeightsKvTable(title, ["weights \\ KV cache", *caches], rows))
+    return tables
+
+
+def _kv_column(cache: str) -> bool:
+    """The dense baseline and every quantized cache: the other strategies are the selection's business."""
+    return cache == BASELINE or get_strategy(cache).backend is not None
+
+
+def _ordered(values: set[str], first: str) -> list[str]:
+    return sorted(values, key=lambda v: (v != first, v))
+
+
+def memory_of(result: CellResult) -> float | None:
+    return result.metrics.get(Metric.PEAK_DEVICE_MEM_BYTES) or result.metrics.get(Metric.PEAK_HOST_RSS_BYTES)
+
+
+def _cell_text(result: CellResult | None, baseline: CellResult | None) -> str:
+    if result is None:
+        return "-"
+    if result.status != OK:
+        return result.status
+    parts = []
+    tpot, memory = result.metrics.get(Metric.TPOT_MS), memory_of(result)
+    if tpot is not None:
+        parts.append(f"{tpot:.2f} ms/token{_ratio(tpot, baseline and baseline.metrics.get(Metric.TPOT_MS))}")
+    if memory is not None:
+        parts.append(f"{memory / MIB:.0f} MiB{_ratio(memory, baseline and memory_of(baseline))}")
+    for name in ACCURACIES:
+        if name in result.metrics:
+            parts.append(f"{name.removesuffix('_accuracy')} {result.metrics[name]:.2f}")
+    if Metric.TOKEN_AGREEMENT in result.metrics and result.cell.cache != BASELINE:
+        parts.append(f"agreement {result.metrics[Metric.TOKEN_AGREEMENT]:.2f}")
+    return "; ".join(parts)
+
+
+def _ratio(value: float, base: float | None) -> str:
+    """` (0.52x)`: against the 16-bit, dense-cache cell; nothing when that cell has no figure."""
+    return f" ({value / base:.2f}x)" if base else ""
