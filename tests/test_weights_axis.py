@@ -104,6 +104,8 @@ def awq_folder(tmp_path):
 def test_a_checkpoint_quantized_already_is_labelled_and_not_quantized_again(awq_folder, tmp_path, capsys):
     facts = read_facts(classify(str(awq_folder)))
     assert facts.prequantized == "awq-int4"
+    # its 16-bit count says nothing of its packed bytes: nothing is predicted, so nothing is skipped on a guess
+    assert facts.parameters is not None and facts.planned_parameters is None
     args = [f"grid.models=[{awq_folder}]", "dry_run=true", f"hydra.run.dir={tmp_path}/r"]
     assert main([*args, "grid.weights=[none,quanto-int8]"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

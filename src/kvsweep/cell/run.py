@@ -23,6 +23,7 @@ from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.oom import out_of_memory
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
+from kvsweep.cell.split import cell_devices, cell_split, placement_record
 from kvsweep.cell.threads import resolve_threads
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
@@ -37,21 +38,12 @@ from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model, torch_dtype_of
 from kvsweep.models.placement import Split, build_split_model
-from kvsweep.models.resolve import (
-    ModelRef,
-    cached_snapshot,
-    classify,
-    hub_cache_folder,
-    kv_shape,
-    load_config,
-    weight_layout,
-)
+from kvsweep.models.resolve import cached_snapshot, classify, hub_cache_folder, kv_shape
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_schemes import prequantized_label, stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
-from kvsweep.plan.memory import estimate_peak
 from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import cuda_init_for, fault_for
@@ -320,38 +312,6 @@ class Loaded:
     shape: KvShape
     seconds: float  # building it (`model_load_s`)
     split: Split | None = None  # placed over several devices
-
-
-def cell_split(cell: Cell, ref: ModelRef, devices: tuple[str, ...], trust_remote_code: bool) -> Split:
-    """Which layers each device runs: `split_layers` on the same bytes the planner balanced (the model's
-    layout from a meta-device build, its cache layers from its config)."""
-    config = load_config(ref, trust_remote_code)
-    shape, layout = kv_shape(config), weight_layout(config)
-    estimate = estimate_peak(cell, get_strategy(cell.cache), shape, layout.elements(), len(devices), layout)
-    return Split(devices, estimate.per_gpu)
-
-
-def placement_record(split: Split) -> dict[str, Any]:
-    """samples.json's account of a split model: each device, its layers and its predicted bytes."""
-    return {
-        "devices": list(split.devices),
-        "layers": [[load.layers.start, load.layers.stop - 1] for load in split.loads],
-        "holds_head": [load.holds_head for load in split.loads],
-        "predicted_peak_bytes": [load.peak_bytes for load in split.loads],
-    }
-
-
-def cell_devices(protocol: MeasureProtocol, seam_devices: int = 0) -> tuple[str, ...]:
-    """The devices a cell places its model over: one `cuda:i` per GPU Ray gave its actor (it sees only
-    those), or with the `testing.split_devices` seam that many times the CPU; () for one device."""
-    if seam_devices > 1:
-        return ("cpu",) * seam_devices
-    if protocol.gpus <= 1:
-        return ()
-    visible = torch.cuda.device_count()
-    if visible < protocol.gpus:
-        raise RuntimeError(f"cell planned over {protocol.gpus} GPUs, but its worker sees {visible}")
-    return tuple(f"cuda:{i}" for i in range(protocol.gpus))
 
 
 def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:

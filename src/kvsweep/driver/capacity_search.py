@@ -206,7 +206,7 @@ def plan_searches(
             cell,
             device,
             fact.shape if fact else None,
-            parameters=fact.parameters if fact else None,
+            parameters=fact.planned_parameters if fact else None,
             device_bytes=limits.device_bytes,
             skip_predicted_oom=False,
             host=limits.host,

@@ -285,7 +285,7 @@ class SweepRun:
                 cell,
                 device,
                 facts.shape,
-                parameters=facts.parameters,
+                parameters=facts.planned_parameters,
                 device_bytes=limits.device_bytes,
                 skip_predicted_oom=cfg.planner.skip_predicted_oom,
                 host=limits.host,

@@ -31,6 +31,12 @@ class ModelFacts:
     layout: WeightLayout | None = None  # where the weights are, layer by layer; None: not known here
     prequantized: str | None = None  # the checkpoint's own weight quantization (`awq-int4`, `fp8`...); None: none
 
+    @property
+    def planned_parameters(self) -> int | None:
+        """The count the planner sizes weights from: none for a checkpoint quantized already, whose packed bytes
+        no 16-bit count predicts (the plan then skips nothing on a guess)."""
+        return None if self.prequantized else self.parameters
+
 
 def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
     """The model's facts; raises what reading its config raises (a typo, a missing folder, no Hub)."""
@@ -53,9 +59,7 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
         layout: WeightLayout | None = weight_layout(config)
     except ValueError:  # no list of decoder layers found: a split over GPUs spreads the count evenly
         layout = None
-    if prequantized is not None:  # a 16-bit layout of packed weights would be a guess: none, nor a count
-        return ModelFacts(kv_shape(config), None, None, prequantized)
-    return ModelFacts(kv_shape(config), parameters, layout)
+    return ModelFacts(kv_shape(config), parameters, layout, prequantized)
 
 
 def _plain_folder_facts(folder: Path) -> ModelFacts | None:

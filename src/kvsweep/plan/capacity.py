@@ -33,9 +33,9 @@ def predicted_boundary(
     """The largest value (a batch, or a context in multiples of `step`) up to `top` whose predicted peak fits
     `budget` and that `host_allows` (an offloaded cache's pinned blocks and link time); 0 when not even the
     smallest does; None when it cannot be predicted (no budget, unknown size)."""
-    if budget is None or facts is None or facts.parameters is None:
+    if budget is None or facts is None or facts.planned_parameters is None:
         return None
-    strategy, parameters, shape = get_strategy(key.cache), facts.parameters, facts.shape
+    strategy, parameters, shape = get_strategy(key.cache), facts.planned_parameters, facts.shape
 
     def fits(value: int) -> bool:
         cell = key.cell(value * step)
@@ -58,9 +58,9 @@ def predicted_step_bytes(key: FrontierKey, facts: ModelFacts | None, step: int) 
     the slope a search draws through its first memory reading."""
 
     def slope(value: int) -> float | None:
-        if facts is None or facts.parameters is None:
+        if facts is None or facts.planned_parameters is None:
             return None
-        strategy, shape, parameters = get_strategy(key.cache), facts.shape, facts.parameters
+        strategy, shape, parameters = get_strategy(key.cache), facts.shape, facts.planned_parameters
         low, high = (
             estimate_peak(key.cell(v * step), strategy, shape, parameters).peak_bytes for v in (value, value + 1)
         )

@@ -100,7 +100,7 @@ def plan_sweep(
                 cell,
                 device,
                 fact.shape if fact else None,
-                parameters=fact.parameters if fact else None,
+                parameters=fact.planned_parameters if fact else None,
                 device_bytes=limits.device_bytes,
                 skip_predicted_oom=cfg.planner.skip_predicted_oom,
                 host=limits.host,

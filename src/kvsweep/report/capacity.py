@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.capacity.frontier import BATCH, Frontier, SearchSettings, frontiers
 from kvsweep.capacity.verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
-from kvsweep.grid import strategy_label
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import ResultTag
 from kvsweep.report.quality_gate import Gate, judge
@@ -23,7 +23,7 @@ from kvsweep.results import OK, CellResult
 
 FRONTIER_KINDS = {BATCH: "max_batch"}  # `kvsweep.frontier` per axis; any other axis is the context search's
 CONTEXT_KIND = "max_context"
-SizeKey = tuple[str, str, str, int, int]  # axis, model, dtype, new tokens, the fixed size (context or batch)
+SizeKey = tuple[str, str, str, int, int, str]  # axis, model, dtype, new tokens, the fixed size, weights
 # What a reader needs to know about how a frontier ended, short enough for a table cell and a figure's legend.
 LIMIT_MARKS = {MEMORY: "mem", SLO_TPOT: "slo tpot", SLO_TTFT: "slo ttft", MAX_BATCH: "cap", MAX_CONTEXT: "cap"}
 
@@ -94,7 +94,7 @@ class SizeChoice:
 
     def line(self) -> str:
         """`most capacity at ctx 32768 within tpot <= 50 ms: quantized-hqq-int4 (batch 24, 410 tok/s; dynamic: ...)`."""
-        _, model, dtype, new, fixed = self.key
+        _, model, dtype, new, fixed, _ = self.key
         slo = self.context.search.slo.describe()
         what = f"most capacity at ctx {fixed}" if self.axis == BATCH else f"longest context at batch {fixed}"
         head = (
@@ -174,7 +174,7 @@ def frontier_tags(found: list[Frontier]) -> dict[str, dict[str, str]]:
 
 def size_key(frontier: Frontier) -> SizeKey:
     key = frontier.key
-    return key.axis, key.model, key.dtype, key.max_new_tokens, key.fixed
+    return key.axis, key.model, key.dtype, key.max_new_tokens, key.fixed, key.weights
 
 
 def assess(results: list[CellResult], context: CapacityContext, settings: Settings) -> Capacity:
@@ -190,7 +190,8 @@ def assess(results: list[CellResult], context: CapacityContext, settings: Settin
         ordered = sorted(by_size[key], key=lambda f: (*cache_rank(f.key.cache), f.key.compile))
         dynamic = next((f for f in ordered if f.key.strategy == BASELINE), None)
         standings = [_standing(f, dynamic, dynamic_cells, settings) for f in ordered]
-        choice = SizeChoice(key, standings, context, names[key[1]])
+        weights = "" if key[5] == NO_WEIGHT_QUANTIZATION else f" {key[5]}"  # each weights setting its own
+        choice = SizeChoice(key, standings, context, names[key[1]] + weights)
         choice.dynamic = next((s for s in standings if s.frontier is dynamic), None)
         eligible = [s for s in standings if s.eligible]
         choice.pick = max(eligible, key=Standing.rank) if eligible else None  # the first (simplest) of equals
@@ -198,12 +199,12 @@ def assess(results: list[CellResult], context: CapacityContext, settings: Settin
     return Capacity(context, found, choices)
 
 
-CellKey = tuple[str, str, int, int, str]  # model, dtype, context, new tokens, inputs: what a task answer depends on
+CellKey = tuple[str, str, int, int, str, str]  # model, dtype, context, new tokens, inputs, weights: a task answer's
 
 
 def _cell_key(result: CellResult) -> CellKey:
     c = result.cell
-    return c.model, c.dtype, c.context_length, c.max_new_tokens, c.inputs
+    return c.model, c.dtype, c.context_length, c.max_new_tokens, c.inputs, c.weights
 
 
 def _dynamic_cells(results: list[CellResult]) -> dict[CellKey, CellResult]:

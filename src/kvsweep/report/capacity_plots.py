@@ -26,11 +26,11 @@ Panel = tuple[str, int]  # axis, new tokens
 def draw_capacity(capacity: Capacity, palette: dict[str, str], out_dir: Path) -> list[Path]:
     """Writes `<model>_<dtype>_capacity.png` per model/dtype into out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures: dict[tuple[str, str], list[SizeChoice]] = {}
-    for choice in capacity.choices:
-        figures.setdefault((choice.key[1], choice.key[2]), []).append(choice)
+    figures: dict[tuple[str, str, str], list[SizeChoice]] = {}
+    for choice in capacity.choices:  # quantized weights get figures of their own (the name says which)
+        figures.setdefault((choice.key[1], choice.key[2], choice.key[5]), []).append(choice)
     paths = []
-    for (_, dtype), choices in sorted(figures.items()):
+    for (_, dtype, _), choices in sorted(figures.items()):
         name = choices[0].model_name
         path = out_dir / f"{file_stem(name)}_{dtype}{CAPACITY_SUFFIX}.png"
         _figure(name, dtype, choices, palette, capacity.context.search.slo.describe()).savefig(path, dpi=100)

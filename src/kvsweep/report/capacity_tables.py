@@ -11,7 +11,7 @@ from kvsweep.caches import cache_rank
 from kvsweep.capacity.frontier import BATCH
 from kvsweep.report.capacity import Capacity, SizeChoice, Standing, limit_mark
 
-TableKey = tuple[str, str, str, int]  # axis, model, dtype, new tokens
+TableKey = tuple[str, str, str, int, str]  # axis, model, dtype, new tokens, weights
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,10 @@ def capacity_tables(capacity: Capacity) -> list[CapacityTable]:
     """One table per model/dtype/new tokens and search axis, in the order of the choices."""
     grouped: dict[TableKey, list[SizeChoice]] = {}
     for choice in capacity.choices:
-        axis, model, dtype, new, _ = choice.key
-        grouped.setdefault((axis, model, dtype, new), []).append(choice)
+        axis, model, dtype, new, _, weights = choice.key
+        grouped.setdefault((axis, model, dtype, new, weights), []).append(choice)
     tables = []
-    for (axis, _, dtype, new), choices in grouped.items():
+    for (axis, _, dtype, new, _), choices in grouped.items():
         keys = {s.frontier.key for c in choices for s in c.standings}
         labels = list(dict.fromkeys(k.strategy for k in sorted(keys, key=lambda k: (*cache_rank(k.cache), k.compile))))
         what, per = ("max batch", "context") if axis == BATCH else ("max context", "batch")

@@ -43,6 +43,7 @@ X_AXIS = "context_length"
 AXIS_PARAMS = {
     "caches": "cache",
     "models": "model",
+    "weights": "weights",
     "dtypes": "dtype",
     "batch_sizes": "batch_size",
     "max_new_tokens": "max_new_tokens",
