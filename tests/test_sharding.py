@@ -215,3 +215,23 @@ def test_a_sweep_cell_split_over_two_devices_records_its_placement_and_measures_
     for cache, result in results.items():  # the same cache, wherever its layers are
         assert result.metrics["kv_cache_bytes"] == unsplit[cache].metrics["kv_cache_bytes"]
         assert "kvsweep.placement" not in unsplit[cache].tags
+
+
+def test_a_capacity_search_over_two_gpus_predicts_its_boundary_from_the_fullest_gpu():
+    """70B in bf16 at 8k context on 80 GB cards: one GPU cannot hold batch 1, two hold a batch whose predicted
+    fullest GPU fits and one more row does not."""
+    from kvsweep.capacity.frontier import BATCH, FrontierKey
+    from kvsweep.plan.capacity import predicted_boundary
+
+    facts = read_facts(classify("llama-3.1-70b"))
+    key = FrontierKey(BATCH, "llama-3.1-70b", "bfloat16", "dynamic", False, NEW, "random", CONTEXT)
+    budget = 80 * GB - CUDA_CONTEXT_BYTES
+    assert predicted_boundary(key, facts, budget, 64, 1) == 0
+    batch = predicted_boundary(key, facts, budget, 64, 1, gpus=2)
+    assert batch is not None and batch > 0
+
+    def fullest(rows: int) -> int:
+        cell = key.cell(rows)
+        return estimate_peak(cell, get_strategy("dynamic"), facts.shape, facts.parameters, 2, facts.layout).peak_bytes
+
+    assert fullest(batch) <= budget < fullest(batch + 1)

@@ -129,7 +129,11 @@ class MeasureConfig:
 @dataclass
 class RayConfig:
     address: str = _help("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
-    gpus_per_cell: int = _help(1, "whole GPUs per cell when the cell runs on CUDA", AT_LEAST_1)
+    gpus_per_cell: int = _help(
+        1,
+        "whole GPUs per cell on CUDA; above 1 the model's layers are split over them as the planner predicts",
+        AT_LEAST_1,
+    )
     cpus_per_cell: int = _help(
         0,
         "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA (node CPUs - 1) x gpus_per_cell // node GPUs, 1-8",

@@ -101,13 +101,17 @@ class CapacitySearches:
     ) -> "CapacitySearches":
         settings = search_settings(cfg)
         searches = []
+
+        def runs(cell: Cell) -> bool:
+            return plan_probe(cell).runs
+
         for key in keys:
             fact = facts.get(key.model)
             step, top = unit(key, settings), ceiling(key, settings, fact.shape.max_positions if fact else None)
-            predicted = predicted_boundary(key, fact, budget, top, step, lambda cell: plan_probe(cell).runs)
+            predicted = predicted_boundary(key, fact, budget, top, step, runs, protocol.gpus)
             readings = (device == "cuda" and budget is not None) or bool(settings.slo.describe())
             stepping = Stepping(top // step, start_of(predicted, step), halve_down=readings)
-            slope = predicted_step_bytes(key, fact, step)
+            slope = predicted_step_bytes(key, fact, step, protocol.gpus)
             searches.append(Search(key, stepping, step, predicted, top, slope))
         return cls(searches, settings, protocol, plan_probe, budget=budget)
 

@@ -29,17 +29,20 @@ def predicted_boundary(
     top: int,
     step: int,
     host_allows: Callable[[Cell], bool] = lambda cell: True,
+    gpus: int = 1,
 ) -> int | None:
     """The largest value (a batch, or a context in multiples of `step`) up to `top` whose predicted peak fits
     `budget` and that `host_allows` (an offloaded cache's pinned blocks and link time); 0 when not even the
-    smallest does; None when it cannot be predicted (no budget, unknown size)."""
-    if budget is None or facts is None or facts.planned_parameters is None:
+    smallest does; None when it cannot be predicted (no budget, unknown size). `gpus`: the GPUs each cell's
+    model is split over (the fullest one must fit)."""
+    if budget is None or facts is None or facts.planned_parameters is None or gpus > facts.shape.layers:
         return None
     strategy, parameters, shape = get_strategy(key.cache), facts.planned_parameters, facts.shape
 
     def fits(value: int) -> bool:
         cell = key.cell(value * step)
-        return estimate_peak(cell, strategy, shape, parameters).peak_bytes <= budget and host_allows(cell)
+        peak = estimate_peak(cell, strategy, shape, parameters, gpus, facts.layout).peak_bytes
+        return peak <= budget and host_allows(cell)
 
     return _largest(fits, top // step) * step
 
@@ -53,16 +56,19 @@ def _largest(fits: Callable[[int], bool], top: int) -> int:
     return low
 
 
-def predicted_step_bytes(key: FrontierKey, facts: ModelFacts | None, step: int) -> Callable[[int], float | None]:
+def predicted_step_bytes(
+    key: FrontierKey, facts: ModelFacts | None, step: int, gpus: int = 1
+) -> Callable[[int], float | None]:
     """The planner's peak growth from one value to the next (bytes per batch row, or per `step` of context):
-    the slope a search draws through its first memory reading."""
+    the slope a search draws through its first memory reading (of the fullest GPU, over `gpus`)."""
 
     def slope(value: int) -> float | None:
-        if facts is None or facts.planned_parameters is None:
+        if facts is None or facts.planned_parameters is None or gpus > facts.shape.layers:
             return None
         strategy, shape, parameters = get_strategy(key.cache), facts.shape, facts.planned_parameters
         low, high = (
-            estimate_peak(key.cell(v * step), strategy, shape, parameters).peak_bytes for v in (value, value + 1)
+            estimate_peak(key.cell(v * step), strategy, shape, parameters, gpus, facts.layout).peak_bytes
+            for v in (value, value + 1)
         )
         return float(high - low)
 
