@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.models.presets import PRESETS, Preset
-from kvsweep.models.resolve import ModelRef, kv_shape, load_config, parameter_count, weight_layout
+from kvsweep.models.resolve import ModelRef, kv_shape, load_config, meta_model
 from kvsweep.models.shape import KvShape, shape_from_dict
-from kvsweep.models.weight_layout import WeightLayout, layout_of_preset
+from kvsweep.models.weight_layout import WeightLayout, layout_of_module, layout_of_preset
 from kvsweep.models.weight_schemes import prequantized_label
 
 # Config keys that mean the plain reading may be wrong: custom code, packed weights, nested towers.
@@ -52,11 +52,13 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
     config = load_config(ref, trust_remote_code)
     prequantized = prequantized_label(config.to_dict())
     try:
-        parameters: int | None = parameter_count(config)
+        model = meta_model(config)  # built once: the count and the layout both read it
     except Exception:  # custom code the meta device cannot build: no prediction, still runs
         return ModelFacts(kv_shape(config), None, prequantized=prequantized)
+    parameters = sum(p.numel() for p in model.parameters())
     try:
-        layout: WeightLayout | None = weight_layout(config)
+        layers = config.get_text_config(decoder=True).num_hidden_layers
+        layout: WeightLayout | None = layout_of_module(model, layers)
     except ValueError:  # no list of decoder layers found: a split over GPUs spreads the count evenly
         layout = None
     return ModelFacts(kv_shape(config), parameters, layout, prequantized)

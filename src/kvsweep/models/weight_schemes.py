@@ -46,9 +46,8 @@ from kvsweep.models.weight_layout import Block, Linear, WeightLayout
 
 NONE = "none"
 
-QUANTO_SCALAR_BUFFERS = (
-    2 * 4
-)  # a QLinear's input_scale and output_scale: float32 scalars (Transformers' QuantoQuantize)
+# a QLinear's input_scale and output_scale: float32 scalars (Transformers' QuantoQuantize)
+QUANTO_SCALAR_BUFFERS = 2 * 4
 NF4_BLOCK = 64  # bitsandbytes' 4-bit block (Params4bit's default; Transformers does not pass one)
 NF4_CODE_BYTES = 16 * 4  # the 16 NF4 levels, float32, in each weight's quant state
 TORCHAO_GROUP = 128
