@@ -1,7 +1,7 @@
 """Train the small Llama that `tests/fixtures/passkey-llama` holds: a model that really solves kvsweep's passkey task.
 
 Random-weight models answer nothing, so a quality check run on them cannot tell a lossless cache from a
-destructive one. This script builds a byte-level BPE tokenizer on the filler corpus (every digit its own
+destructive one. This script builds a byte-level BPE tokenizer on the filler (every digit its own
 token, a BOS from the post-processor, no chat template) and trains a 2-layer Llama on prompts made by
 `kvsweep.inputs.prompts.build_prompts` itself, the key appended as the target, so what it learns is
 exactly the format kvsweep asks. Training seeds start at 1000; kvsweep's cells use seed 0, kept for
@@ -27,14 +27,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, QuantizedCache
 
 from kvsweep.inputs.answers import answer_correct
-from kvsweep.inputs.filler import filler_paragraphs
-from kvsweep.inputs.passkey import INTRO, QUESTION, needle
+from kvsweep.inputs.filler import paragraph
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, needle
 from kvsweep.inputs.prompts import Prompt, build_prompts
 from kvsweep.inputs.spec import PASSKEY, InputSpec
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "passkey-llama"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 VOCAB_SIZE = 1024
+CORPUS_PARAGRAPHS = 4000  # of the filler, for the tokenizer's merges
 EVAL_SPEC = InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=16)
 # Training spreads the needle over the whole filler, so no depth is one the model never saw.
 TRAIN_SPEC = InputSpec(depths=tuple(i / 20 for i in range(21)), chat_template=True, quality_trials=16)
@@ -56,7 +57,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=[BOS, EOS, PAD], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    bpe.train_from_iterator([*filler_paragraphs(), INTRO, QUESTION, needle("0123456789")], trainer)
+    corpus = (" ".join(paragraph(i)) for i in range(CORPUS_PARAGRAPHS))
+    bpe.train_from_iterator([*corpus, INTRO, QUESTION, ANSWER_LEAD, needle("0123456789")], trainer)
     bpe.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bpe.token_to_id(BOS))]
     )

@@ -1,16 +1,19 @@
 """Text prompts are exactly the cell's context length, hide the key where asked, and keep the question.
 
-The tokenizers are real: a byte-level BPE trained here on a slice of the filler corpus, with a BOS
-added by its post-processor the way Llama's is, and a copy of it with a chat template.
+The tokenizers are real: a byte-level BPE trained here on a slice of the filler, with a BOS added by
+its post-processor the way Llama's is, and a copy of it with a chat template.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from kvsweep.inputs.answers import answer_correct, exact_match
-from kvsweep.inputs.filler import filler_paragraphs
-from kvsweep.inputs.passkey import INTRO, QUESTION, key_found
+from kvsweep.inputs.filler import FORBIDDEN_WORDS, paragraph
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, key_found
 from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
 from kvsweep.inputs.spec import FILE, PASSKEY, InputSpec
 
@@ -32,7 +35,7 @@ def _tokenizer(chat_template: str | None = None):
     trainer = trainers.BpeTrainer(
         vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    bpe.train_from_iterator([*filler_paragraphs()[:300], INTRO, QUESTION], trainer)
+    bpe.train_from_iterator([*(" ".join(paragraph(i)) for i in range(300)), INTRO, QUESTION], trainer)
     bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
     tokenizer.chat_template = chat_template
@@ -68,8 +71,13 @@ def test_every_passkey_prompt_is_exactly_the_context_and_hides_its_own_key(plain
     for prompt in prompts:
         text = _text(plain, prompt)
         assert re.fullmatch(r"[1-9]\d{4,6}", prompt.answer)
-        assert f"The pass key is {prompt.answer}. Remember it. {prompt.answer} is the pass key." in text
-        assert text.startswith(INTRO) and text.endswith(QUESTION)
+        needle = f"The pass key is {prompt.answer}. Remember it. {prompt.answer} is the pass key."
+        before, found, after = text.partition(needle)
+        assert found
+        # between sentences: after the intro's or a sentence's full stop, before a new sentence or the question
+        assert before.endswith((". ", "\n\n")), before[-40:]
+        assert re.match(r"( [A-Z]|\n\n)", after), after[:40]
+        assert text.startswith(INTRO) and text.endswith(QUESTION + " " + ANSWER_LEAD)
         assert prompt.ids[0] == plain.bos_token_id and plain.eos_token_id not in prompt.ids
 
 
@@ -77,15 +85,15 @@ def test_the_needle_sits_at_its_depth_of_the_filler(plain):
     context = 2000
     prompts = build_prompts(plain, PASSKEY, 9, context, 3, PASSKEY_SPEC)
     assert [p.depth for p in prompts] == [0.1, 0.5, 0.9] * 3
-    intro = len(plain(INTRO + "\n\n", add_special_tokens=False)["input_ids"])
-    question = len(plain("\n\n" + QUESTION, add_special_tokens=False)["input_ids"])
+    intro = len(plain(INTRO, add_special_tokens=False)["input_ids"])
+    question = len(plain("\n\n" + QUESTION + " " + ANSWER_LEAD, add_special_tokens=False)["input_ids"])
     for prompt in prompts:
         needle = plain(f" The pass key is {prompt.answer}.", add_special_tokens=False)["input_ids"]
         ids = list(prompt.ids)
         at = next(i for i in range(len(ids)) if ids[i : i + 3] == needle[:3])
         filler_tokens = context - 1 - intro - question - 30  # BOS, pieces, and about the needle's length
         share = (at - 1 - intro) / filler_tokens
-        assert abs(share - prompt.depth) < 0.03, (prompt.depth, share)
+        assert abs(share - prompt.depth) < 0.03, (prompt.depth, share)  # the nearest sentence boundary
 
 
 def test_rows_differ_and_every_strategy_gets_the_same_prompts(plain):
@@ -106,12 +114,31 @@ def test_the_filler_is_varied_prose_not_one_sentence_repeated(plain):
     assert len(set(sentences)) / len(sentences) > 0.9
 
 
+def test_the_filler_holds_nothing_a_model_could_take_for_the_key_or_the_question():
+    """No digit anywhere, and none of the words of the question's subject (pass, key, code, secret...)."""
+    text = " ".join(" ".join(paragraph(i)) for i in range(5000))
+    assert not re.search(r"\d", text)
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    assert not words & FORBIDDEN_WORDS
+    assert {"pass", "key", "code", "password"} <= FORBIDDEN_WORDS  # the list itself names the subject
+    assert len(words) > 400  # varied: hundreds of distinct words
+
+
+def test_the_filler_is_the_same_in_every_process():
+    """Paragraph n follows from n alone: another interpreter with another hash seed writes the same text, so
+    every node of a cluster builds the same prompts."""
+    code = "from kvsweep.inputs.filler import paragraph; print(' '.join(' '.join(paragraph(i)) for i in (0, 7, 99)))"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == " ".join(" ".join(paragraph(i)) for i in (0, 7, 99))
+
+
 def test_a_chat_template_frames_the_prompt_and_ends_with_the_assistant_turn(chat):
     (prompt,) = build_prompts(chat, PASSKEY, 1, 600, 0, PASSKEY_SPEC)
     text = chat.decode(list(prompt.ids))
     assert len(prompt.ids) == 600
     assert text.startswith("<s><|user|>\n" + INTRO)
-    assert text.endswith(QUESTION + "<|end|>\n<|assistant|>\n")
+    assert text.endswith(QUESTION + "<|end|>\n<|assistant|>\n" + ANSWER_LEAD)  # the reply opens with the lead
     off = InputSpec((0.5,), False, 16)
     (plain_prompt,) = build_prompts(chat, PASSKEY, 1, 600, 0, off)
     assert "<|user|>" not in chat.decode(list(plain_prompt.ids))
@@ -121,13 +148,14 @@ def test_minimum_context_is_the_shortest_that_fits(plain):
     shortest = minimum_context(plain, PASSKEY, PASSKEY_SPEC)
     fixed = (
         1
-        + len(plain(INTRO + "\n\n", add_special_tokens=False)["input_ids"])
+        + len(plain(INTRO, add_special_tokens=False)["input_ids"])
         + len(
-            plain(" The pass key is 9999999. Remember it. 9999999 is the pass key. ", add_special_tokens=False)[
+            plain(" The pass key is 9999999. Remember it. 9999999 is the pass key.", add_special_tokens=False)[
                 "input_ids"
             ]
         )
         + len(plain("\n\n" + QUESTION, add_special_tokens=False)["input_ids"])
+        + len(plain(" " + ANSWER_LEAD, add_special_tokens=False)["input_ids"])
     )
     assert shortest == fixed
     assert all(len(p.ids) == shortest for p in build_prompts(plain, PASSKEY, 16, shortest, 0, PASSKEY_SPEC))

@@ -1,7 +1,9 @@
-"""The quality gate: a strategy that loses the task against dynamic, by intervals, is never picked.
+"""The quality gate: a strategy that loses the task against dynamic, by intervals, is never picked; a task
+dynamic itself fails judges nothing, and KL decides only where no task can.
 
-Accuracies and their intervals are the textbook Clopper-Pearson values for 16 trials, written out
-here: 16/16 is 0.7941-1, 15/16 0.6977-0.9984, 14/16 0.6165-0.9845, 5/16 0.1102-0.5866.
+Accuracies and their intervals are the textbook Clopper-Pearson values, written out here: of 16 trials,
+16/16 is 0.7941-1, 15/16 0.6977-0.9984, 14/16 0.6165-0.9845, 12/16 0.4762-0.9273, 11/16 0.4134-0.8898,
+5/16 0.1102-0.5866, 0/16 0-0.2059; of 4 trials, 3/4 is 0.1941-0.9937.
 """
 
 import pytest
@@ -18,15 +20,20 @@ INTERVALS_OF_16 = {
     15: (0.6977, 0.9984),
     14: (0.6165, 0.9845),
     13: (0.5435, 0.9595),
+    12: (0.4762, 0.9273),
+    11: (0.4134, 0.8898),
     5: (0.1102, 0.5866),
+    0: (0.0, 0.2059),
 }
+INTERVALS_OF_4 = {3: (0.1941, 0.9937)}
+INFORMATIVE_TAG = {ResultTag.TASK: "informative"}
 
 
-def cell(cache, right=None, metric=Metric.PASSKEY_ACCURACY, context=4096, tpot=10.0, kv=1000.0, **extra):
+def cell(cache, right=None, metric=Metric.PASSKEY_ACCURACY, context=4096, tpot=10.0, kv=1000.0, trials=16, **extra):
     metrics = {Metric.TPOT_MS: tpot, Metric.TTFT_MS: 50.0, Metric.KV_CACHE_BYTES: kv, **extra}
     if right is not None:
-        low, high = INTERVALS_OF_16[right]
-        metrics |= {metric: right / 16, ci_low(metric): low, ci_high(metric): high, Metric.TASK_TRIALS: 16.0}
+        low, high = (INTERVALS_OF_16 if trials == 16 else INTERVALS_OF_4)[right]
+        metrics |= {metric: right / trials, ci_low(metric): low, ci_high(metric): high, Metric.TASK_TRIALS: trials}
     return CellResult(
         f"{cache}-{context}", Cell("org/served", "bfloat16", context, 1, 32, cache, False), "ok", "", metrics
     )
@@ -42,7 +49,10 @@ def test_a_lost_task_is_refused_even_as_the_fastest_and_leanest_with_both_accura
     assert decision.pick.label == "dynamic" and decision.leanest.label == "dynamic"
     line = "quantized-quanto-int4 (passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 4096: quality loss)"
     assert f"refused: {line}" in decision.summary()
-    assert quality_loss_tags([decision]) == {"quantized-quanto-int4-4096": {ResultTag.QUALITY_LOSS: "true"}}
+    assert quality_loss_tags([decision]) == {
+        "dynamic-4096": INFORMATIVE_TAG,
+        "quantized-quanto-int4-4096": {**INFORMATIVE_TAG, ResultTag.QUALITY_LOSS: "true"},
+    }
     assert "passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00]" in selection_markdown("t", [decision], {})
 
 
@@ -51,7 +61,10 @@ def test_a_drop_the_intervals_cannot_resolve_is_undecided_and_not_picked():
     decision = only([cell("dynamic", 16), cell("quantized-hqq-int4", 13, tpot=6.0, kv=250.0)])
     assert decision.pick.label == "dynamic"
     assert "undecided, run more measure.quality_trials" in decision.summary()
-    assert quality_loss_tags([decision])["quantized-hqq-int4-4096"] == {ResultTag.QUALITY_LOSS: "undecided"}
+    assert quality_loss_tags([decision])["quantized-hqq-int4-4096"] == {
+        **INFORMATIVE_TAG,
+        ResultTag.QUALITY_LOSS: "undecided",
+    }
 
 
 def test_within_the_allowed_drop_is_ok_and_still_picked():
@@ -60,14 +73,16 @@ def test_within_the_allowed_drop_is_ok_and_still_picked():
     assert only(results).pick.label == "dynamic"
     decision = only(results, max_accuracy_drop=0.10)
     assert decision.pick.label == "quantized-hqq-int8" and decision.leanest.label == "quantized-hqq-int8"
-    assert quality_loss_tags([decision]) == {"quantized-hqq-int8-4096": {ResultTag.QUALITY_LOSS: "false"}}
+    tags = quality_loss_tags([decision])
+    assert tags["quantized-hqq-int8-4096"] == {**INFORMATIVE_TAG, ResultTag.QUALITY_LOSS: "false"}
     # The same accuracy as dynamic is never a loss (a share the decimal limit would flip on floats).
     assert only([cell("dynamic", 14), cell("static", 14, tpot=6.0)]).pick.label == "static"
 
 
-def test_kl_above_the_limit_refuses_and_low_agreement_alone_does_not():
-    kl = only([cell("dynamic", 16), cell("quantized-hqq-int2", 16, tpot=6.0, kl_divergence=0.066)], max_kl=0.02)
+def test_kl_above_the_limit_refuses_where_no_task_judges_and_low_agreement_alone_does_not():
+    kl = only([cell("dynamic"), cell("quantized-hqq-int2", tpot=6.0, kl_divergence=0.066)], max_kl=0.02)
     assert kl.pick.label == "dynamic" and "KL 0.066 nats > 0.02 from dynamic" in kl.summary()
+    assert quality_loss_tags([kl])["quantized-hqq-int2-4096"] == {ResultTag.TASK: "none"}
     drift = only([cell("dynamic", 16), cell("quantized-hqq-int4", 16, tpot=6.0, token_agreement=0.5)])
     assert (
         drift.pick.label == "quantized-hqq-int4"
@@ -86,9 +101,55 @@ def test_a_prompts_files_answers_are_judged_the_same_way():
     assert "answers 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 4096" in decision.summary()
 
 
+def test_where_the_task_is_kept_kl_over_the_limit_is_shown_but_refuses_nothing():
+    """A cache that answers as dynamic does is not refused for the KL any lossy cache has."""
+    results = [cell("dynamic", 16), cell("quantized-hqq-int4", 16, tpot=6.0, kl_divergence=0.03)]
+    decision = only(results, max_kl=0.02)
+    assert decision.pick.label == "quantized-hqq-int4" and not decision.refused()
+    assert "KL 0.03 nats > 0.02 from dynamic, task kept" in decision.entries[1].flags
+
+
 def test_without_a_dynamic_cell_or_a_task_there_is_no_verdict():
-    assert quality_loss_tags([only([cell("static", 5), cell("quantized-hqq-int4", 16, tpot=6.0)])]) == {}
-    assert quality_loss_tags([only([cell("dynamic"), cell("quantized-hqq-int4", tpot=6.0)])]) == {}
+    no_dynamic = quality_loss_tags([only([cell("static", 5), cell("quantized-hqq-int4", 16, tpot=6.0)])])
+    assert no_dynamic["static-4096"] == {
+        ResultTag.TASK: "uninformative: passkey unjudged at ctx 4096: no dynamic cell ran"
+    }
+    no_task = quality_loss_tags([only([cell("dynamic"), cell("quantized-hqq-int4", tpot=6.0)])])
+    assert no_task == {"dynamic-4096": {ResultTag.TASK: "none"}, "quantized-hqq-int4-4096": {ResultTag.TASK: "none"}}
+
+
+@pytest.mark.parametrize(
+    ("dynamic_right", "trials", "informative"),
+    [(16, 16, True), (12, 16, True), (11, 16, False), (5, 16, False), (3, 4, False)],
+)
+def test_a_task_dynamic_fails_or_cannot_resolve_judges_nothing(dynamic_right, trials, informative):
+    """Informative only where dynamic scores at least 0.7 with an interval at most 0.5 wide: 12/16 (0.75,
+    width 0.45) is; 11/16 (0.69) is not, nor 5/16, nor 3/4 (0.75, but its interval is 0.80 wide)."""
+    lost = 0 if trials == 16 else None
+    results = [
+        cell("dynamic", dynamic_right, trials=trials),
+        cell("quantized-hqq-int2", lost, tpot=6.0, kv=250.0, kl_divergence=0.001),
+    ]
+    if lost is None:  # 4 trials: the candidate scored 0 of 4 (interval 0-0.6024)
+        results[1].metrics |= {
+            "passkey_accuracy": 0.0,
+            "passkey_accuracy_ci_low": 0.0,
+            "passkey_accuracy_ci_high": 0.6024,
+        }
+    decision = only(results)
+    tags = quality_loss_tags([decision])
+    if informative:
+        assert tags["quantized-hqq-int2-4096"] == {**INFORMATIVE_TAG, ResultTag.QUALITY_LOSS: "true"}
+        assert decision.pick.label == "dynamic" and not decision.uninformative
+        return
+    low, high = (INTERVALS_OF_16 if trials == 16 else INTERVALS_OF_4)[dynamic_right]
+    why = f"passkey uninformative at ctx 4096: dynamic {dynamic_right / trials:.2f} [{low:.2f}-{high:.2f}]"
+    assert tags == {
+        "dynamic-4096": {ResultTag.TASK: f"uninformative: {why}"},
+        "quantized-hqq-int2-4096": {ResultTag.TASK: f"uninformative: {why}"},
+    }
+    assert decision.pick.label == "quantized-hqq-int2"  # nothing refused it: the task judged nothing, KL is small
+    assert f"; {why}" in decision.summary()
 
 
 def test_a_quality_figure_is_drawn_per_facet_with_a_task(tmp_path):

@@ -1,7 +1,8 @@
 """Names a person can read for model references: tables, selection lines, plot titles, file names.
 
-A local path shows as its folder's name (a Hugging Face cache snapshot as its Hub id), a Hub id or
-preset as given. The full reference stays in the cell's `model` param and the report's evidence table.
+A local path shows as its folder's name (a Hugging Face cache snapshot as its Hub id), a GGUF file as
+its file name without `.gguf` (on the Hub too: the name carries its quantization), a Hub id or preset
+as given. The full reference stays in the cell's `model` param and the report's evidence table.
 Decided from the text alone (no disk or Hub lookups), so a report rebuilt elsewhere names models
 the same way.
 """
@@ -13,6 +14,7 @@ from pathlib import PurePosixPath
 
 _HF_SNAPSHOT = re.compile(r"models--([^/]+)/snapshots/[^/]+/?$")  # the Hub cache: models--org--name/...
 _UNSAFE_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9._-]+")
+GGUF_SUFFIX = ".gguf"  # llama.cpp's single-file checkpoints (`models/gguf_source.py`)
 
 
 def is_path(reference: str) -> bool:
@@ -21,6 +23,8 @@ def is_path(reference: str) -> bool:
 
 
 def short_name(reference: str) -> str:
+    if reference.lower().endswith(GGUF_SUFFIX):  # a path or org/name/file.gguf: the file says which quantization
+        return PurePosixPath(reference).name[: -len(GGUF_SUFFIX)] or reference
     if not is_path(reference):
         return reference
     snapshot = _HF_SNAPSHOT.search(reference)
@@ -46,7 +50,11 @@ def display_names(references: Iterable[str]) -> dict[str, str]:
 
 
 def _parent_name(reference: str) -> str:
-    return PurePosixPath(reference.rstrip("/")).parent.name if is_path(reference) else ""
+    """A path's folder; a GGUF file on the Hub (`org/name/file.gguf`): its repo's name."""
+    if is_path(reference):
+        return PurePosixPath(reference.rstrip("/")).parent.name
+    parts = reference.split("/")
+    return parts[1] if reference.lower().endswith(GGUF_SUFFIX) and len(parts) > 2 else ""
 
 
 def file_stem(name: str) -> str:

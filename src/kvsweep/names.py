@@ -8,6 +8,7 @@ that a real sweep logs exactly what is declared here.
 
 REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
 CAPACITY_CSV = "capacity.csv"  # capacity frontiers, one row each: in the report folder and the run folder (parent run)
+TASK_JSONL = "task.jsonl"  # a cell's task trials, one JSON object a line: what was asked, what the model said
 
 
 def _values(namespace: type) -> tuple[str, ...]:
@@ -31,6 +32,7 @@ class ResultTag:
     QUALITY = "kvsweep.quality"  # why quality was not measured
     HOST_PEAK = "kvsweep.host_peak"  # how the host peak was taken
     QUALITY_LOSS = "kvsweep.quality_loss"  # true | false | undecided: task accuracy against dynamic's
+    TASK = "kvsweep.task"  # informative | uninformative: <why> | none: whether the task can judge this group
     INPUTS_REASON = "kvsweep.inputs_reason"  # why the cell got these inputs (auto's choice, a failed tokenizer)
     SEARCH = "kvsweep.search"  # batch | context | batch+context: the capacity searches that asked for this probe
     FRONTIER = "kvsweep.frontier"  # max_batch | max_context | both, on the probe at a frontier (sweep end)

@@ -26,6 +26,7 @@ class CellResult:
     wall_s: float = 0.0  # whole cell, actor start to result, seen by the driver
     attempt: int = 1
     tags: dict[str, str] = field(default_factory=dict)  # extra MLflow tags (kvsweep.oom_kind, kvsweep.inferred)
+    trials: list[dict[str, Any]] = field(default_factory=list)  # every task trial: the `task.jsonl` artifact
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for Ray and the journal (the cell becomes its fields)."""

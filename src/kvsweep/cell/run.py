@@ -37,8 +37,9 @@ from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
 from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model, torch_dtype_of
+from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.placement import Split, build_split_model
-from kvsweep.models.resolve import cached_snapshot, classify, hub_cache_folder, kv_shape
+from kvsweep.models.resolve import cached_model, classify, hub_cache_folder, hub_repo, kv_shape
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_schemes import prequantized_label, stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
@@ -170,6 +171,7 @@ def _measure(
     result.metrics[Metric.WEIGHTS_BYTES] = float(stored_bytes(loaded.model))
     if cell.weights == NO_WEIGHT_QUANTIZATION and (label := prequantized_label(loaded.model.config.to_dict())):
         result.tags[ResultTag.CHECKPOINT_QUANTIZATION] = label  # loaded as its checkpoint has it
+    result.environment.update(weights_origin(classify(source.model).reference))  # a GGUF file: its name and type
     if loaded.split is not None:
         result.tags[ResultTag.PLACEMENT] = layers_text(loaded.split.loads)
         result.samples["placement"] = placement_record(loaded.split)
@@ -220,7 +222,8 @@ def _measure(
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
     _write(result, _noise(phase, host, sharing if session_on_cuda(device) else None))
     checked_at = time.perf_counter()
-    quality = quality_or_nothing(session, strategy, phase.kept[-1].call.new_tokens, model.config.vocab_size, feed)
+    new_tokens = phase.kept[-1].call.new_tokens
+    quality = quality_or_nothing(session, strategy, new_tokens, model.config.vocab_size, feed, protocol.seed)
     result.metrics[Metric.QUALITY_CHECK_S] = time.perf_counter() - checked_at
     _write(result, _quality_found(quality))
     _write(result, _numbers(cell, first, phase, quality.metrics, model, shape, bandwidth))
@@ -239,6 +242,7 @@ class ResultPart:
     tags: dict[str, str] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
+    trials: tuple[dict[str, Any], ...] = ()
 
 
 def _write(result: CellResult, found: ResultPart) -> None:
@@ -246,6 +250,7 @@ def _write(result: CellResult, found: ResultPart) -> None:
     result.tags.update(found.tags)
     result.environment.update(found.environment)
     result.samples.update(found.samples)
+    result.trials.extend(found.trials)
 
 
 def _numbers(
@@ -303,7 +308,8 @@ def _energy_found(energy: Energy) -> ResultPart:
 
 def _quality_found(quality: QualityCheck) -> ResultPart:
     tags = {ResultTag.QUALITY: quality.not_measured} if quality.not_measured else {}
-    return ResultPart(tags=tags, environment={"quality_forward": quality.forward} if quality.forward else {})
+    environment = {"quality_forward": quality.forward} if quality.forward else {}
+    return ResultPart(tags=tags, environment=environment, trials=quality.trials)
 
 
 @dataclass(frozen=True)
@@ -319,9 +325,9 @@ def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:
     snapshot's folder (the weights and tokenizer then load with no request to the Hub); any other as it is."""
     if cell.model not in hub_cache:
         return cell
-    snapshot = cached_snapshot(cell.model, hub_cache[cell.model] or None)
+    snapshot = cached_model(cell.model, hub_cache[cell.model] or None)  # a GGUF model: its file in the snapshot
     if snapshot is None:
-        where = hub_cache_folder(cell.model, hub_cache[cell.model] or None)
+        where = hub_cache_folder(hub_repo(cell.model), hub_cache[cell.model] or None)
         raise RuntimeError(f"{cell.model} was fetched before the sweep, but {where} has no snapshot of it on this node")
     return replace(cell, model=str(snapshot))
 

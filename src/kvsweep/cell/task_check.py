@@ -7,6 +7,8 @@ room for a chat model's preamble); the prompts are in `Feed.prompts`.
 """
 
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -15,6 +17,7 @@ from kvsweep.cell.feed import Feed
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.inputs.answers import answer_correct
 from kvsweep.inputs.passkey import answer_tokens
+from kvsweep.inputs.prompts import Prompt
 from kvsweep.inputs.spec import PASSKEY
 from kvsweep.measure.binomial import exact_interval
 from kvsweep.names import Metric, ci_high, ci_low, passkey_depth_metric
@@ -36,20 +39,35 @@ def answer_budget(feed: Feed) -> int:
     return longest
 
 
-def task_accuracy(session: GenerateSession, strategy: CacheStrategy, feed: Feed, batch: int) -> dict[str, float]:
-    """Accuracy over every prompt that has an answer, with its exact 95% interval; passkey also per depth."""
+@dataclass(frozen=True)
+class TaskOutcome:
+    metrics: dict[str, float] = field(default_factory=dict)  # accuracy, its interval, per depth; empty: no task
+    trials: tuple[dict[str, Any], ...] = ()  # every prompt that has an answer: what it asked, what came back
+
+
+def task_accuracy(session: GenerateSession, strategy: CacheStrategy, feed: Feed, batch: int, seed: int) -> TaskOutcome:
+    """Accuracy over every prompt that has an answer, with its exact 95% interval; passkey also per depth.
+
+    Every such prompt is also kept as a trial (`task.jsonl`): its index and the sweep's seed rebuild it."""
     checked = [p.answer is not None for p in feed.prompts]
     if not any(checked):
-        return {}
+        return TaskOutcome()
     budget = answer_budget(feed)
     correct: list[bool] = []
+    texts: list[str] = []
     for start in range(0, len(feed.prompts), batch):
         rows = feed.prompts[start : start + batch]
         ids = torch.tensor([p.ids for p in rows], dtype=torch.long)
         tokens = session.answer(strategy, ids, budget)
-        texts = feed.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        correct += [p.answer is not None and answer_correct(p, text) for p, text in zip(rows, texts, strict=True)]
+        answers = feed.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        texts += answers
+        correct += [p.answer is not None and answer_correct(p, text) for p, text in zip(rows, answers, strict=True)]
     answered = [(p, ok) for p, ok, has in zip(feed.prompts, correct, checked, strict=True) if has]
+    trials = tuple(
+        trial_record(index, seed, prompt, text, ok)
+        for index, (prompt, text, ok) in enumerate(zip(feed.prompts, texts, correct, strict=True))
+        if prompt.answer is not None
+    )
     kind = answered[0][0].kind
     metric = Metric.PASSKEY_ACCURACY if kind == PASSKEY else Metric.ANSWER_ACCURACY
     metrics = share_metrics(metric, [ok for _, ok in answered])
@@ -60,7 +78,21 @@ def task_accuracy(session: GenerateSession, strategy: CacheStrategy, feed: Feed,
             by_depth[float(prompt.depth or 0.0)].append(ok)
         for depth, outcomes in sorted(by_depth.items()):
             metrics[passkey_depth_metric(depth)] = sum(outcomes) / len(outcomes)
-    return metrics
+    return TaskOutcome(metrics, trials)
+
+
+def trial_record(index: int, seed: int, prompt: Prompt, text: str, correct: bool) -> dict[str, Any]:
+    """One line of `task.jsonl`: the prompt's index and seed (with the cell's context and inputs settings they
+    rebuild it), where the needle sat, what was expected, the greedy answer as decoded, the verdict."""
+    return {
+        "prompt_index": index,
+        "seed": seed,
+        "kind": prompt.kind,
+        "depth": prompt.depth,
+        "expected": prompt.answer,
+        "answer": text,
+        "correct": correct,
+    }
 
 
 def share_metrics(metric: str, outcomes: list[bool]) -> dict[str, float]:

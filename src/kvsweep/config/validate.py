@@ -5,13 +5,14 @@ allowed names and the checks that compare one key with another.
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from kvsweep.caches import get_strategy
 from kvsweep.config.schema import Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
-from kvsweep.grid import cached_tokens
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.names import Metric
 
@@ -113,3 +114,22 @@ def _validate_search(search: dict[str, Any], slo: dict[str, Any]) -> None:
             raise ConfigError(
                 f"slo.{key} is set but no search is on; it decides where search.batch=true or search.contexts=true stop"
             )
+
+
+def check_gguf_models(models: list[str], weights: list[str]) -> None:
+    """A `.gguf` model that cannot be swept (no `gguf` package, no such file, not a GGUF file, an architecture
+    Transformers cannot load from GGUF), or one `grid.weights` would quantize again: one line naming it, before
+    Ray starts. It reads the files, so the command runs it rather than composing (`--cfg job` reads none)."""
+    from kvsweep.models.gguf_header import read_gguf_header
+    from kvsweep.models.gguf_source import gguf_problem, gguf_weights_problem, is_gguf
+
+    asked = [str(w) for w in weights if w != NO_WEIGHT_QUANTIZATION]
+    for i, model in enumerate(models):
+        if not is_gguf(str(model)):
+            continue
+        if problem := gguf_problem(str(model)):
+            raise ConfigError(f"grid.models[{i}] {model!r}: {problem}")
+        if asked:
+            local = Path(str(model)).expanduser()
+            gguf_type = read_gguf_header(local).quantization if local.is_file() else None
+            raise ConfigError(gguf_weights_problem(str(model), gguf_type, asked[0]))

@@ -4,9 +4,10 @@ A Hub model fetched inside its first cell would spend that cell's timeout on the
 checkpoint can take all of it), and cells starting together on a node would race for the same files.
 Here each node that runs cells fetches every Hub model in a short Ray task, as `native_builds` builds
 extensions: only the files a model load reads (config, tokenizer, the weights Transformers picks and
-their index), into that node's Hub cache. The cells are then told to load from the cached snapshot,
-with no request to the Hub. A model that cannot be fetched (gated without access, missing, offline
-and not cached) turns its cells into `skipped` with the reason before any GPU time is spent.
+their index; for a GGUF model, `org/name/file.gguf`, that one file), into that node's Hub cache. The
+cells are then told to load from the cached snapshot, with no request to the Hub. A model that cannot
+be fetched (gated without access, missing, offline and not cached) turns its cells into `skipped` with
+the reason before any GPU time is spent.
 
 The driver's environment decides: `HF_HUB_OFFLINE` (fetch nothing; what is cached is used),
 `HF_HOME` / `HF_HUB_CACHE` (the cache every node fetches into and the cells read; unset: each node's
@@ -28,7 +29,8 @@ from kvsweep.errors import first_line
 from kvsweep.grid import Cell
 from kvsweep.model_names import is_path
 from kvsweep.models.facts import ModelFacts, read_facts
-from kvsweep.models.resolve import ModelRef, cached_snapshot, classify, hub_cache_folder
+from kvsweep.models.gguf_source import file_problem, hub_gguf
+from kvsweep.models.resolve import ModelRef, cached_snapshot, classify, hub_cache_folder, hub_repo
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.units import GB
 
@@ -86,12 +88,13 @@ def hub_models(models: Iterable[str]) -> list[str]:
 
 def models_to_fetch(pending: list[PlannedCell], problems: Mapping[str, str]) -> list[str]:
     """The Hub models of the cells still to run. One the planner could not read is fetched only when it is
-    named as a Hub repo (`org/name`): a bare name that is no preset and no folder stays the planner's error,
-    as it is most likely a mistyped preset."""
+    named as a Hub repo (`org/name`, or a GGUF file in one: `org/name/file.gguf`): a bare name that is no preset
+    and no folder stays the planner's error, as it is most likely a mistyped preset."""
     return hub_models(
         p.cell.model
         for p in pending
-        if (p.runs and p.cell.model not in problems) or (p.cell.model in problems and is_repo_id(p.cell.model))
+        if (p.runs and p.cell.model not in problems)
+        or (p.cell.model in problems and (is_repo_id(p.cell.model) or hub_gguf(p.cell.model) is not None))
     )
 
 
@@ -181,22 +184,50 @@ class NodeFetch:
 
 
 def fetch_on_node(repo: str, settings: HubSettings, source: HubSource, with_code: bool = False) -> NodeFetch:
-    """What runs on each node: the model's files into this node's cache (offline: only checked there)."""
+    """What runs on each node: the model's files into this node's cache (offline: only checked there). `repo`:
+    the model as the grid names it, a repo id or a GGUF file in one (`org/name/file.gguf`)."""
     started = time.monotonic()
+    gguf = hub_gguf(repo)
     try:
-        if settings.offline:
+        if gguf is not None:
+            snapshot, fetched = _gguf_file(repo, gguf, settings, source), not settings.offline
+        elif settings.offline:
             snapshot, fetched = _cached(repo, settings.cache_dir), False
         else:
             snapshot, fetched = _fetch(repo, settings, source, with_code), True
     except Exception as exc:  # a refusal, a missing repo, a network error: the reason its cells are skipped
         return NodeFetch(fetch_failure(repo, exc, settings))
-    files = snapshot_files(snapshot)
+    files = [gguf[1]] if gguf is not None else snapshot_files(snapshot)
+    read = snapshot / gguf[1] if gguf is not None else snapshot
+    if gguf is not None and (problem := file_problem(read)):  # this node's Transformers cannot load it
+        return NodeFetch(f"{repo}: {problem}"[:REASON_CHARS])
     try:
-        facts: ModelFacts | None = read_facts(ModelRef(str(snapshot), "local"))
+        facts: ModelFacts | None = read_facts(ModelRef(str(read), "local"))
     except Exception:  # the cell reads the shape itself after loading
         facts = None
     size = sum((snapshot / f).stat().st_size for f in files)
     return NodeFetch(None, time.monotonic() - started, size, len(files), fetched, facts)
+
+
+def _gguf_file(model: str, gguf: tuple[str, str], settings: HubSettings, source: HubSource) -> Path:
+    """A GGUF model's one file (a repo of GGUF files holds each quantization in its own) in this node's cache:
+    the snapshot that holds it; offline, only found there."""
+    repo, file = gguf
+    if settings.offline:
+        snapshot = cached_snapshot(repo, settings.cache_dir)
+        if snapshot is None or not (snapshot / file).is_file():
+            where = hub_cache_folder(repo, settings.cache_dir).parent
+            raise NotFetchable(f"HF_HUB_OFFLINE is set and {model} is not in the Hub cache ({where})")
+        return snapshot
+    listed = source.files(repo, settings.token)
+    if file not in listed:
+        others = [f for f in listed if f.lower().endswith(".gguf")]
+        offered = f"; its GGUF files: {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}" if others else ""
+        raise NotFetchable(f"{repo} has no file {file}{offered}")
+    snapshot = source.fetch(repo, [file], settings.token, settings.cache_dir)
+    if not (snapshot / file).is_file():
+        raise NotFetchable(f"{model}: fetched, but the cache lacks {file}")
+    return snapshot
 
 
 def _fetch(repo: str, settings: HubSettings, source: HubSource, with_code: bool) -> Path:
@@ -245,6 +276,7 @@ def fetch_failure(repo: str, exc: BaseException, settings: HubSettings) -> str:
     from huggingface_hub.errors import GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError
 
     has_token = bool(settings.token or get_token())
+    repo = hub_repo(repo)  # a GGUF file's: the repo it is in
     if isinstance(exc, NotFetchable):
         return str(exc)[:REASON_CHARS]
     if isinstance(exc, GatedRepoError):

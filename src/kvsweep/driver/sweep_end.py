@@ -7,13 +7,14 @@ import shutil
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from kvsweep.names import CAPACITY_CSV, REPORT_DIR
+from kvsweep.names import CAPACITY_CSV, REPORT_DIR, TASK_JSONL
 from kvsweep.redact import redact_uri
 from kvsweep.report.write import write_tables
 from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
     from kvsweep.driver.sweep import SweepRun
+    from kvsweep.report.selection import Decision
     from kvsweep.report.write import Report
 
 
@@ -34,6 +35,8 @@ def finish(sweep: "SweepRun") -> int:
     say(f"\n{table}\n")
     if selection:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
+    if report and (failed := task_failures(report.decisions)):
+        say(failed + "\n")
     uri = sweep.tracking_uri
     say(f"MLflow: {redact_uri(uri)}  experiment {tracking.header.experiment!r}  parent run {sink.parent_run_id}")
     if unsent:
@@ -48,6 +51,17 @@ def finish(sweep: "SweepRun") -> int:
         say(f"  compare strategies: {compare_url(uri, sink.tracker.experiment_id, sink.parent_run_id)}")
     say(f"  local copy: {run_dir}")
     return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
+
+
+def task_failures(decisions: "list[Decision]") -> str:
+    """The groups where dynamic failed its own task (so the task judged no cache there), named at the end."""
+    failed = [f"{d.label} ({d.uninformative})" for d in decisions if d.uninformative]
+    if not failed:
+        return ""
+    return (
+        f"Task judged nothing in {len(failed)} group(s), where dynamic itself failed it: {'; '.join(failed)}. "
+        f"What the model answered is in each cell's {TASK_JSONL} (MLflow artifacts); KL decided there instead."
+    )
 
 
 def _write_report(sweep: "SweepRun") -> "Report | None":

@@ -1,99 +1,405 @@
-"""Filler text for long prompts: prose paragraphs from the docstrings of Python's own standard library.
+"""Filler text for long prompts: plain descriptive prose, generated from a seed, sentence by sentence.
 
-Retrieval in a long context is only a test when the text around the needle is varied: one sentence
-repeated makes attention trivial and hides what a lossy cache does to it. Every Python install ships
-megabytes of hand-written English in its modules' docstrings; they are read here with `ast` (nothing
-is imported, nothing downloaded), cut into paragraphs, and the prose ones kept, in a fixed order.
+Retrieval in a long context is only a test when the text around the needle is varied (one sentence
+repeated makes attention trivial and hides what a lossy cache does to it) and when nothing in it
+could pass for the answer or for the question's subject. Real text fails the second rule easily: the
+first filler kvsweep used, docstrings of Python's standard library, is about code, keys and passing
+values, and a real chat model asked for "the pass key" after it answered about the text instead.
 
-Parsing the library takes seconds, so the corpus is kept on disk per Python version
-(`~/.cache/kvsweep/`, or `KVSWEEP_CACHE_DIR`); a cell reads it in milliseconds. The same Python gives
-the same corpus on every node, and a cell's `inputs_sha256` shows any difference.
+So the filler is written here: small scenes of country life (weather, rivers, gardens, markets,
+kitchens, birds, roads, seasons), each paragraph a topic, each sentence a template filled from word
+lists. The words were chosen to hold no digits and nothing about passing, keys, locks,
+secrets, codes or computing (`FORBIDDEN_WORDS`, checked by the tests). The text is kvsweep's own
+(Apache-2.0, like the rest of it); nothing is read from disk or downloaded, and paragraph `n` is the
+same on every machine and Python version.
 """
 
-import ast
 import functools
-import hashlib
-import json
-import os
-import platform
-import sysconfig
-from pathlib import Path
+import random
+import re
 
-# Folders of the standard library whose docstrings are not prose meant for readers (test suites,
-# demos, codec tables) or not part of every install.
-SKIPPED_FOLDERS = frozenset(
+# Words the filler must never contain: the question's subject, what could be taken for the answer.
+FORBIDDEN_WORDS = frozenset(
     {
-        "test", "tests", "idlelib", "turtledemo", "lib2to3", "site-packages", "dist-packages",
-        "tkinter", "ensurepip", "pydoc_data", "encodings", "__pycache__", "__phello__",
+        "pass", "passed", "passing", "passes", "password", "passkey", "key", "keys", "lock", "locked",
+        "code", "codes", "secret", "secrets", "hidden", "hide", "remember", "number", "numbers", "digit",
+        "digits", "program", "computer", "function", "answer", "question",
     }
 )  # fmt: skip
-MIN_PARAGRAPH_CHARS = 80
-MIN_PROSE_SHARE = 0.9  # letters and spaces among a paragraph's characters: prose, not code or tables
-CORPUS_VERSION = 1  # bump when the rules above change: the disk copy is rebuilt
+PARAGRAPHS = 1_000_003  # how many distinct paragraphs a prompt may start from (any index works)
+SENTENCES = (4, 8)  # fewest and most sentences in a paragraph
+
+WORDS: dict[str, tuple[str, ...]] = {
+    "person": (
+        "the miller",
+        "the old shepherd",
+        "a young farmer",
+        "the baker",
+        "the ferryman",
+        "a travelling tinker",
+        "the blacksmith's daughter",
+        "the schoolteacher",
+        "a weaver",
+        "the innkeeper",
+        "the potter",
+        "a fisherman",
+        "the carpenter",
+        "the widow from the hill farm",
+        "a boy with a basket",
+        "the village doctor",
+    ),
+    "animal": (
+        "a grey heron",
+        "the brown cow",
+        "a pair of swallows",
+        "the sheepdog",
+        "a fox",
+        "the geese",
+        "a hare",
+        "the old horse",
+        "a flock of starlings",
+        "the cat from the mill",
+        "a robin",
+        "two goats",
+        "an otter",
+        "a wren",
+        "the rooks",
+    ),
+    "place": (
+        "the river",
+        "the orchard",
+        "the market square",
+        "the meadow",
+        "the church lane",
+        "the mill pond",
+        "the beech wood",
+        "the harbour",
+        "the valley",
+        "the vegetable garden",
+        "the chalk downs",
+        "the bridge",
+        "the farmyard",
+        "the heath",
+        "the village green",
+        "the reed beds",
+    ),
+    "plant": (
+        "apple trees",
+        "wild roses",
+        "the barley",
+        "foxgloves",
+        "the willows",
+        "hawthorn hedges",
+        "the beans",
+        "lavender",
+        "the oaks",
+        "primroses",
+        "the reeds",
+        "bracken",
+        "the pear tree",
+        "marigolds",
+        "ivy",
+    ),
+    "sky": (
+        "a pale blue sky",
+        "low grey clouds",
+        "a thin mist",
+        "a warm wind from the south",
+        "a fine rain",
+        "bright morning sun",
+        "a heavy sky that promised thunder",
+        "a clear cold evening",
+        "soft white clouds",
+        "a sharp frost",
+        "long golden light",
+        "a damp fog off the water",
+    ),
+    "time": (
+        "In the early morning",
+        "By midday",
+        "Late in the afternoon",
+        "At dusk",
+        "Before dawn",
+        "After the rain",
+        "On market day",
+        "In the first week of spring",
+        "When the harvest was in",
+        "Through the long summer",
+        "On a quiet Sunday",
+        "As the evening drew in",
+        "In the depth of winter",
+        "At the turn of the season",
+    ),
+    "food": (
+        "fresh bread",
+        "a pot of soup",
+        "apple pies",
+        "cheese wrapped in cloth",
+        "honey cakes",
+        "smoked fish",
+        "plums in syrup",
+        "a loaf of dark rye",
+        "potatoes baked in the ashes",
+        "blackberry jam",
+        "a bowl of stew",
+        "warm milk",
+        "pickled onions",
+        "oatcakes",
+    ),
+    "colour": ("green", "golden", "silver", "amber", "dark", "pale", "russet", "blue", "white", "copper"),
+    "sound": (
+        "the bells of the church",
+        "the creak of the mill wheel",
+        "a dog barking far off",
+        "the rush of the weir",
+        "children singing",
+        "the wind in the poplars",
+        "the call of a cuckoo",
+        "carts on the cobbles",
+        "the hum of bees",
+        "rain on the slates",
+    ),
+    "feeling": (
+        "content",
+        "tired but happy",
+        "quiet and thoughtful",
+        "glad of the company",
+        "in no hurry at all",
+        "pleased with the day's work",
+        "a little homesick",
+        "full of plans for the spring",
+    ),
+    "verb_move": (
+        "walked slowly along",
+        "crossed",
+        "wandered through",
+        "hurried across",
+        "rested beside",
+        "climbed above",
+        "followed the path by",
+        "looked out over",
+    ),
+    "thing": (
+        "a wooden cart",
+        "a stack of baskets",
+        "a row of cottages",
+        "the old stone wall",
+        "a wheelbarrow",
+        "the barn",
+        "a little boat",
+        "the well",
+        "a hayrick",
+        "the garden gate",
+        "a woven fence",
+        "the chapel",
+    ),
+}
+
+TOPICS: tuple[tuple[str, ...], ...] = (
+    (  # weather and sky
+        "{time}, {sky} hung over {place}.",
+        "The air smelled of wet earth and {plant}.",
+        "{Person} looked up at the sky and said it would change before evening.",
+        "Shadows moved across {place} as the clouds went by.",
+        "The light turned {colour} and then faded.",
+        "Nobody could say whether the weather would hold until the end of the week.",
+        "A wind came up from the valley and shook {plant}.",
+        "By the time the lamps were lit, {sky} had settled over the rooftops.",
+        "The puddles in the lane reflected {sky}.",
+        "{Animal} sheltered under {thing} until it was over.",
+    ),
+    (  # the river
+        "The river ran high after the spring rains.",
+        "{Person} {verb_move} the water and watched {animal} on the far bank.",
+        "The current carried leaves and twigs down towards {place}.",
+        "Along the bank, {plant} leaned over the water.",
+        "{Sound} carried across the water in the still air.",
+        "{Animal} waded into the shallows and stood quite still.",
+        "A little boat was tied up below the willows, its paint {colour} and peeling.",
+        "The water was clear enough to see the stones on the bottom.",
+        "In summer the children swam where the river slowed and widened.",
+        "Mist rose from the surface at dawn and lay along the banks until the sun was up.",
+    ),
+    (  # the garden
+        "{Person} spent the morning in {place}.",
+        "The beds were full of {plant}, and the paths were edged with lavender.",
+        "Weeds came up faster than anyone could pull them out.",
+        "{Animal} hopped along the wall looking for worms.",
+        "The soil was dark and soft after the rain.",
+        "By the gate stood {thing}, half covered in ivy.",
+        "In the corner, {plant} grew taller every year.",
+        "{Person} cut flowers for the kitchen table and carried them in a basket.",
+        "The smell of {plant} filled the warm afternoon.",
+        "Every evening the beds were watered from the well.",
+    ),
+    (  # the market
+        "{Time}, {place} filled with carts and stalls.",
+        "{Person} sold {food} from a trestle table under an awning.",
+        "Farmers came in from the hills with sheep and geese.",
+        "The smell of {food} drifted between the stalls.",
+        "{Sound} rose above the talk of the crowd.",
+        "Prices were argued over, and most of the arguments ended in laughter.",
+        "{Person} bought {food} and a length of {colour} ribbon.",
+        "By noon the best of the fruit was gone.",
+        "Children ran between the stalls, chased by {animal}.",
+        "When the stalls were packed away, the square was swept and quiet again.",
+    ),
+    (  # the kitchen
+        "The kitchen was the warmest room in the house.",
+        "{Person} set {food} on the table by the window.",
+        "A kettle sang on the range, and the windows were misted over.",
+        "Bunches of herbs hung drying from the beams.",
+        "The table was scrubbed pale from years of use.",
+        "There was always {food} for anyone who came in from the cold.",
+        "{Animal} slept by the stove, one ear turned towards the door of the pantry.",
+        "The smell of {food} reached the yard outside.",
+        "Plates and bowls of {colour} glaze stood on the dresser.",
+        "In the evening the family sat there and talked over the day.",
+    ),
+    (  # birds and animals
+        "{Animal} came every morning to {place}.",
+        "{Person} stopped to watch {animal} in the hedge.",
+        "The birds were busy building nests among {plant}.",
+        "At dusk {animal} crossed the field towards the wood.",
+        "{Sound} could be heard from the edge of the heath.",
+        "In the autumn the swallows gathered on the roof before leaving.",
+        "A family of ducks lived on the mill pond and followed anyone with bread.",
+        "{Animal} sat on {thing} and looked about as if it owned the place.",
+        "The farm dogs knew every sheep by sight.",
+        "Owls called to each other across the valley after dark.",
+    ),
+    (  # the road and travellers
+        "{Person} set out along the road that climbed out of the valley.",
+        "The road wound between {plant} and fields of {colour} grain.",
+        "{Time}, the road was empty except for {animal}.",
+        "At the crossroads stood {thing} and a signpost worn smooth by the weather.",
+        "Travellers stopped at the inn to rest their horses and eat {food}.",
+        "From the top of the hill the whole valley could be seen, with {place} below.",
+        "The walk took most of the day, and the traveller arrived {feeling}.",
+        "Dust rose behind every cart in the dry weeks of summer.",
+        "{Person} met {person} on the way and they walked on together.",
+        "Along the verges grew {plant} and tall grasses.",
+    ),
+    (  # seasons and farm work
+        "{Time}, there was always more work than daylight.",
+        "The fields were ploughed and the furrows lay {colour} in the low sun.",
+        "{Person} brought the cows in from {place} for milking.",
+        "The hay was cut, turned and stacked before the weather broke.",
+        "Apples were picked and laid out in rows in the loft.",
+        "{Sound} marked the beginning and the end of each working day.",
+        "In winter the animals were kept in the barn and fed on hay.",
+        "{Person} mended the fences while {animal} watched.",
+        "When the barley was ripe, the whole village helped to bring it in.",
+        "Everyone was {feeling} when the last cart came home.",
+    ),
+    (  # the village evening
+        "As the evening drew in, lamps were lit in the windows along {place}.",
+        "{Person} sat on a bench outside the inn, {feeling}.",
+        "{Sound} faded as the light went.",
+        "Smoke rose straight up from the chimneys in the still air.",
+        "Neighbours stopped at their gates to talk about the weather and the crops.",
+        "The church clock struck, and somewhere a door closed.",
+        "{Animal} settled down for the night under {thing}.",
+        "Stars came out one by one above the rooftops.",
+        "The last light lay {colour} over {place}.",
+        "Soon the whole village was asleep.",
+    ),
+    (  # the woods
+        "The beech wood was cool even in the heat of summer.",
+        "Sunlight came down through the leaves in {colour} patches.",
+        "{Person} gathered kindling and mushrooms along the path.",
+        "The ground was soft with the leaves of many autumns.",
+        "{Animal} moved somewhere among {plant}, unseen.",
+        "An old track led through the trees to a clearing where charcoal had once been burned.",
+        "In spring the floor of the wood was blue with flowers.",
+        "{Sound} seemed far away under the trees.",
+        "Woodcutters had left a pile of logs beside the path to season.",
+        "At the edge of the wood the fields opened out again, bright after the shade.",
+    ),
+    (  # the mill
+        "The mill stood where {place} bent towards the road.",
+        "{Person} had worked the mill for as long as anyone could recall.",
+        "Sacks of flour were stacked against {thing}, white with dust.",
+        "{Sound} went on from morning until dusk.",
+        "Farmers brought their grain in carts and waited their turn by {thing}.",
+        "{Animal} lived in the rafters and kept the mice away.",
+        "In a dry summer the stream ran low and the wheel stood still for days.",
+        "The flour was {colour} and fine, and the bakers of three villages bought it.",
+        "{Person} sat on the step at noon and ate {food}.",
+        "When the light failed, the sluice was closed and the wheel slowed and stopped.",
+    ),
+    (  # the inn
+        "The inn stood at the corner of {place}, with a painted sign above its porch.",
+        "{Person} kept a fire burning in the hearth all winter.",
+        "Travellers sat at the long table and ate {food}.",
+        "{Sound} came in through the open windows on summer evenings.",
+        "The floorboards were worn smooth and the beams were black with smoke.",
+        "{Person} and {person} argued cheerfully about the weather.",
+        "{Animal} slept in the yard behind the stables.",
+        "On fair days the benches outside were full until late.",
+        "Lamplight fell {colour} across the cobbles of the yard.",
+        "Every guest left {feeling}, or so the landlady liked to say.",
+    ),
+    (  # children and school
+        "The school was a single room with tall windows facing {place}.",
+        "{Person} taught the children to read and to draw maps of the valley.",
+        "At playtime the children ran down to {place}.",
+        "They came back with muddy boots and pockets full of acorns.",
+        "{Animal} sometimes wandered up to the schoolroom window.",
+        "In winter the stove was lit before the first child arrived.",
+        "Lessons ended early on the day of the harvest supper.",
+        "{Person} walked the youngest ones home along {place}.",
+        "The children sang as they went, {feeling}.",
+        "Their drawings of {plant} were pinned along the schoolroom wall.",
+    ),
+    (  # the harbour and the sea
+        "The fishing boats came in on the evening tide.",
+        "{Person} mended nets on the quay, {feeling}.",
+        "Gulls wheeled over {place} crying for scraps.",
+        "The smell of salt and tar hung over the harbour.",
+        "{Time}, the sea was {colour} and calm.",
+        "Ropes creaked as the boats rose and fell against the wall.",
+        "Baskets of fish were carried up the steps to the market.",
+        "Far out, a sail showed white against {sky}.",
+        "Old men sat on the harbour wall and watched the weather.",
+        "When a storm came, the boats stayed in and the whole town waited.",
+    ),
+)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("KVSWEEP_CACHE_DIR") or Path.home() / ".cache" / "kvsweep")
+# Some sentences open with one of these, so a template without slots still reads differently each time.
+OPENERS = (
+    "Even so", "As usual", "For a while", "Later", "Now and then", "That year", "Sometimes", "Of course",
+    "Before long", "All the same", "In those days", "Once again", "Meanwhile", "At last", "By then",
+)  # fmt: skip
+OPENER_SHARE = 0.35
+OPENED = (*WORDS["time"], "In ", "At ", "As ", "By ", "When ", "From ", "Along ", "Far out", "On ")
 
 
 @functools.cache
-def filler_paragraphs() -> tuple[str, ...]:
-    """The corpus: the library's prose paragraphs, deduplicated, in file and source order."""
-    path = cache_dir() / f"filler-v{CORPUS_VERSION}-python{platform.python_version()}.json"
-    try:
-        return tuple(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        pass
-    paragraphs = read_stdlib_paragraphs(Path(sysconfig.get_paths()["stdlib"]))
-    if not paragraphs:
-        raise RuntimeError(f"no docstring prose found under {sysconfig.get_paths()['stdlib']} for filler text")
-    _write_atomically(path, json.dumps(paragraphs))
-    return tuple(paragraphs)
+def paragraph(index: int) -> tuple[str, ...]:
+    """The `index`-th paragraph of the filler, as its sentences: the same on every machine."""
+    rng = random.Random(f"kvsweep-filler:{index}")
+    templates = rng.choice(TOPICS)
+    count = rng.randint(*SENTENCES)
+    picked = rng.sample(templates, min(count, len(templates)))
+    return tuple(_opened(_fill(template, rng), rng) for template in picked)
 
 
-def corpus_sha256() -> str:
-    return hashlib.sha256("\n\n".join(filler_paragraphs()).encode()).hexdigest()
+def _opened(sentence: str, rng: random.Random) -> str:
+    """Now and then an opener before the sentence, unless it opens with a phrase of its own already."""
+    if rng.random() >= OPENER_SHARE or sentence.startswith(OPENED):
+        return sentence
+    return f"{rng.choice(OPENERS)}, {sentence[0].lower()}{sentence[1:]}"
 
 
-def read_stdlib_paragraphs(root: Path) -> list[str]:
-    """Prose paragraphs of every docstring under `root`, sorted by file, each once."""
-    seen: dict[str, None] = {}
-    for source in sorted(root.rglob("*.py")):
-        if SKIPPED_FOLDERS & set(source.relative_to(root).parts[:-1]):
-            continue
-        for paragraph in _docstring_paragraphs(source):
-            seen.setdefault(paragraph, None)
-    return list(seen)
+SLOT = re.compile(r"\{(\w+)\}")
 
 
-def _docstring_paragraphs(source: Path) -> list[str]:
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return []
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            for block in (ast.get_docstring(node) or "").split("\n\n"):
-                paragraph = " ".join(block.split())
-                if is_prose(paragraph):
-                    found.append(paragraph)
-    return found
+def _fill(template: str, rng: random.Random) -> str:
+    def word(match: re.Match[str]) -> str:
+        slot = match.group(1)
+        chosen = rng.choice(WORDS[slot.lower()])
+        return chosen[0].upper() + chosen[1:] if slot[0].isupper() else chosen
 
-
-def is_prose(paragraph: str) -> bool:
-    if len(paragraph) < MIN_PARAGRAPH_CHARS:
-        return False
-    letters = sum(c.isalpha() or c == " " for c in paragraph)
-    return letters / len(paragraph) >= MIN_PROSE_SHARE
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Several cells may build the corpus at once: each writes its own file and renames it into place."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    except OSError:  # a read-only home: the corpus is rebuilt per process instead
-        pass
+    return SLOT.sub(word, template)

@@ -10,10 +10,9 @@ either way, and the length comes out exact, which is what a cell's shape needs.
 from dataclasses import dataclass
 from typing import Any
 
-from kvsweep.inputs.filler import filler_paragraphs
+from kvsweep.inputs.filler import PARAGRAPHS, paragraph
 
 SENTINEL = "\u2063KVSWEEP-BODY\u2063"  # stands in for the body while the chat template is rendered
-FILLER_BATCH = 32  # paragraphs tokenised per call
 
 
 @dataclass(frozen=True)
@@ -60,26 +59,39 @@ def cut_middle(tokens: list[int], budget: int) -> list[int]:
 
 
 class FillerStream:
-    """The filler corpus in one tokenizer's tokens, tokenised a batch of paragraphs at a time as needed."""
+    """The filler in one tokenizer's tokens, sentence by sentence, tokenised a paragraph at a time as needed.
+
+    Each sentence is tokenised with what goes before it (a space, or a blank line where a paragraph
+    starts), so the places where one sentence ends and the next begins are known in tokens: a needle
+    goes there, never into the middle of a sentence."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.paragraphs = filler_paragraphs()
-        self.encoded: dict[int, list[int]] = {}
+        self.encoded: dict[int, list[list[int]]] = {}
 
     def take(self, start: int, count: int) -> list[int]:
-        """`count` tokens of paragraphs from the `start`-th on (wrapping around the corpus), each after a blank line."""
-        out: list[int] = []
-        index = start % len(self.paragraphs)
-        while len(out) < count:
-            out += self._paragraph(index)
-            index = (index + 1) % len(self.paragraphs)
-        return out[:count]
+        """`count` tokens of paragraphs from the `start`-th on, each after a blank line."""
+        return self.sentences(start, count)[0]
 
-    def _paragraph(self, index: int) -> list[int]:
+    def sentences(self, start: int, count: int) -> tuple[list[int], list[int]]:
+        """`count` tokens from the `start`-th paragraph on, and the offsets where a whole sentence starts in
+        them (0 included: a needle may go first). The last sentence is cut to fit: the offset after it is
+        listed only when it ends exactly at `count`, so a needle never follows a sentence cut short."""
+        out: list[int] = []
+        starts = [0]
+        index = start % PARAGRAPHS
+        while len(out) < count:
+            for sentence in self._paragraph(index):
+                out += sentence
+                if len(out) > count:
+                    break
+                starts.append(len(out))
+            index = (index + 1) % PARAGRAPHS
+        return out[:count], [s for s in starts if s <= count]
+
+    def _paragraph(self, index: int) -> list[list[int]]:
         if index not in self.encoded:
-            batch = range(index, min(index + FILLER_BATCH, len(self.paragraphs)))
-            texts = ["\n\n" + self.paragraphs[i] for i in batch]
-            for i, ids in zip(batch, self.tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
-                self.encoded[i] = list(ids)
+            sentences = paragraph(index)
+            texts = ["\n\n" + sentences[0], *(" " + s for s in sentences[1:])]
+            self.encoded[index] = [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         return self.encoded[index]

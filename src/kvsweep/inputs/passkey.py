@@ -12,7 +12,10 @@ INTRO = (
     "There is a pass key hidden inside a lot of irrelevant text. Find it and remember it. "
     "You will be asked for the pass key at the end."
 )
-QUESTION = "What is the pass key? The pass key is"
+QUESTION = "What is the pass key?"
+# How the answer starts: the model's reply opens with it (after a chat template's assistant header, else
+# after the question), so a model continues with the key instead of deciding what a "pass key" is.
+ANSWER_LEAD = "The pass key is"
 KEY_DIGITS = (5, 7)  # shortest and longest key
 FIRST_NUMBER = re.compile(r"\d+")
 

@@ -3,8 +3,9 @@
 Prompt `i` depends only on the sweep's seed, the context length, `i` and the inputs settings, so
 every strategy of a (model, batch, context) pair gets the same prompts, and each batch row its own.
 
-- passkey: the intro, filler with the key's sentence at the row's depth (`InputSpec.depths`, in
-  turn), the question. The depth is the share of the filler before the needle.
+- passkey: the intro, filler with the key's sentences at the row's depth (`InputSpec.depths`, in
+  turn), the question. The depth is the share of the filler before the needle, taken at the
+  sentence boundary nearest to it: the needle is never spliced into a sentence.
 - file: the record's text, split at its last blank line into a body and the question. A longer
   body is cut in the middle (its start and its end stay, the question always); a shorter prompt is
   filled in front with the file's further prompts, then filler text. A prompt used a second time
@@ -17,8 +18,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from kvsweep.inputs.filler import PARAGRAPHS
 from kvsweep.inputs.layout import FillerStream, Frame, cut_middle, encode, frame
-from kvsweep.inputs.passkey import INTRO, KEY_DIGITS, QUESTION, needle, random_key
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, KEY_DIGITS, QUESTION, needle, random_key
 from kvsweep.inputs.spec import FILE, PASSKEY, InputSpec
 
 SEPARATOR = "\n\n"
@@ -70,24 +72,26 @@ class _PasskeyPieces:
         self.tokenizer = tokenizer
         self.spec = spec
         self.frame = frame(tokenizer, spec.chat_template)
-        self.intro = encode(tokenizer, INTRO + SEPARATOR)
+        self.intro = encode(tokenizer, INTRO)  # the filler's first paragraph brings its blank line
         self.question = encode(tokenizer, SEPARATOR + QUESTION)
+        # the answer's lead: the assistant's reply under a chat template, else the question's next sentence
+        self.lead = encode(tokenizer, ANSWER_LEAD if self.frame.tail else " " + ANSWER_LEAD)
 
     def hidden(self, key: str) -> list[int]:
-        return encode(self.tokenizer, " " + needle(key) + " ")
+        return encode(self.tokenizer, " " + needle(key))  # the next sentence brings its own space
 
     def fixed(self, key: str) -> int:
-        return len(self.frame) + len(self.intro) + len(self.hidden(key)) + len(self.question)
+        return len(self.frame) + len(self.intro) + len(self.hidden(key)) + len(self.question) + len(self.lead)
 
     def prompt(self, stream: FillerStream, index: int, context: int, seed: int) -> Prompt:
         rng = random.Random(f"passkey:{seed}:{context}:{index}")
         key = random_key(rng)
         depth = self.spec.depths[index % len(self.spec.depths)]
         budget = context - self.fixed(key)
-        filler = stream.take(rng.randrange(len(stream.paragraphs)), budget)
-        at = round(depth * budget)
+        filler, sentence_starts = stream.sentences(rng.randrange(PARAGRAPHS), budget)
+        at = min(sentence_starts, key=lambda start: abs(start - depth * budget))  # between sentences
         body = self.intro + filler[:at] + self.hidden(key) + filler[at:] + self.question
-        return Prompt(_framed(self.frame, body), key, depth, PASSKEY)
+        return Prompt((*_framed(self.frame, body), *self.lead), key, depth, PASSKEY)
 
 
 def _file_prompt(tokenizer: Any, stream: FillerStream, spec: InputSpec, index: int, context: int, seed: int) -> Prompt:
@@ -120,7 +124,7 @@ def _fill(tokenizer: Any, stream: FillerStream, spec: InputSpec, index: int, cou
             break
         fill += encode(tokenizer, _turns(records[(index + step) % len(records)])[1] + SEPARATOR)
     if len(fill) < wanted:
-        start = random.Random(f"fill:{seed}:{index}").randrange(len(stream.paragraphs))
+        start = random.Random(f"fill:{seed}:{index}").randrange(PARAGRAPHS)
         fill += stream.take(start, wanted - len(fill))
     return fill[:wanted] + separator
 

@@ -12,6 +12,10 @@ RANDOM, PASSKEY, FILE = "random", "passkey", "file"
 AUTO = "auto"
 SOURCES = (AUTO, RANDOM, PASSKEY, FILE)
 FILE_PREFIX = "file:"
+# The text prompts' version: the filler, the passkey layout and wording. Part of every text-fed cell's id,
+# so a resumed sweep never keeps a verdict an older task made. 2: generated country prose instead of the
+# standard library's docstrings, the needle between sentences, the answer's lead opening the reply.
+PROMPTS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class InputSpec:
             "chat_template": self.chat_template,
             "quality_trials": self.quality_trials,
             "file_sha256": self.file_sha256,
+            "prompts_version": PROMPTS_VERSION,
         }
 
 

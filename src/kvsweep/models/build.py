@@ -5,13 +5,16 @@ with slow per-layer initialisers): the module is created straight on the target 
 skipped, then every parameter is filled with one fast seeded draw.
 """
 
+from typing import Any
+
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.initialization import no_init_weights
 
 from kvsweep.dtypes import DTYPE_BYTES
-from kvsweep.models.resolve import ModelRef, load_config
-from kvsweep.models.weight_schemes import quantization_config, quantize_built_model, weight_scheme
+from kvsweep.models.gguf_source import dequantizing
+from kvsweep.models.resolve import ModelRef, load_config, pretrained_args
+from kvsweep.models.weight_schemes import WeightScheme, quantization_config, quantize_built_model, weight_scheme
 
 INIT_STD = 0.02
 
@@ -36,13 +39,22 @@ def build_model(
         if scheme is not None:
             quantize_built_model(model, scheme)
     else:
-        quantized = {} if scheme is None else {"quantization_config": quantization_config(scheme)}
+        source, options = load_options(ref, scheme)
         model = AutoModelForCausalLM.from_pretrained(
-            ref.reference, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code, **quantized
+            source, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code, **options
         )
     model.eval()
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
     return model
+
+
+def load_options(ref: ModelRef, scheme: WeightScheme | None) -> tuple[str, dict[str, Any]]:
+    """What `from_pretrained` loads a checkpoint from, and how: the weight quantization asked for, or for a GGUF file
+    its name and its weights dequantized into the dtype asked for (`models/gguf_source.py`)."""
+    source, gguf = pretrained_args(ref)
+    if scheme is not None:
+        return source, {**gguf, "quantization_config": quantization_config(scheme)}  # GGUF: Transformers refuses
+    return source, {**gguf, **(dequantizing() if gguf else {})}
 
 
 def _random_model(ref: ModelRef, dtype: torch.dtype, device: str, seed: int) -> PreTrainedModel:

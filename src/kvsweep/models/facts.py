@@ -2,8 +2,9 @@
 
 Presets come from their table; a local folder with a plain `config.json` and safetensors weights
 from those files (a safetensors header lists every tensor's shape, so the count is exact and
-costs a few reads). Anything else (a Hub id, custom code, a quantized or multimodal checkpoint)
-goes through Transformers, imported only then.
+costs a few reads); a GGUF file from its header the same way, its shape from the config Transformers
+builds from that header (`models/gguf_source.py`). Anything else (a Hub id, custom code, a quantized or
+multimodal checkpoint) goes through Transformers, imported only then.
 """
 
 import json
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvsweep.models.gguf_header import read_gguf_header
+from kvsweep.models.gguf_source import file_problem, gguf_parameters, is_gguf
 from kvsweep.models.presets import PRESETS, Preset
-from kvsweep.models.resolve import ModelRef, kv_shape, load_config, meta_model
+from kvsweep.models.resolve import ModelRef, cached_model, kv_shape, load_config, meta_model
 from kvsweep.models.shape import KvShape, shape_from_dict
 from kvsweep.models.weight_layout import WeightLayout, layout_of_module, layout_of_preset
 from kvsweep.models.weight_schemes import prequantized_label
@@ -30,6 +33,7 @@ class ModelFacts:
     parameters: int | None  # None when the model cannot be built on the meta device here
     layout: WeightLayout | None = None  # where the weights are, layer by layer; None: not known here
     prequantized: str | None = None  # the checkpoint's own weight quantization (`awq-int4`, `fp8`...); None: none
+    gguf_type: str | None = None  # a GGUF file's quantization (`Q4_1`...), its weights dequantized as they load
 
     @property
     def planned_parameters(self) -> int | None:
@@ -45,6 +49,8 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
         shape = shape_from_dict(preset.config)
         assert shape is not None, f"preset {preset.name} lacks a shape key"
         return ModelFacts(shape, preset.parameters(), layout_of_preset(preset))
+    if is_gguf(ref.reference):
+        return gguf_facts(ref)
     if ref.kind == "local":
         facts = _plain_folder_facts(Path(ref.reference))
         if facts is not None:
@@ -62,6 +68,27 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
     except ValueError:  # no list of decoder layers found: a split over GPUs spreads the count evenly
         layout = None
     return ModelFacts(kv_shape(config), parameters, layout, prequantized)
+
+
+def gguf_facts(ref: ModelRef) -> ModelFacts:
+    """A GGUF file's facts: the count from its header's tensor shapes (exact), the shape from the config Transformers
+    builds from it. A Hub file is read from this machine's Hub cache, never downloaded here: until the nodes have
+    fetched it, this raises and the plan is made again from their reading (`driver/hub_prefetch.py`)."""
+    path = Path(ref.reference) if ref.kind == "local" else cached_model(ref.reference)
+    if path is None:
+        raise FileNotFoundError("not in this machine's Hub cache yet: its header is read once the nodes fetch it")
+    if problem := file_problem(path):
+        raise ValueError(problem)
+    header, config = read_gguf_header(path), load_config(ModelRef(str(path), "local"))
+    text = config.get_text_config(decoder=True)
+    parameters = gguf_parameters(header, bool(getattr(text, "tie_word_embeddings", False)))
+    try:
+        layout: WeightLayout | None = layout_of_module(meta_model(config), text.num_hidden_layers)
+    except Exception:  # a model the meta device cannot build, or no list of decoder layers: spread evenly
+        layout = None
+    if layout is not None and layout.elements() != parameters:
+        layout = None  # it would place weights the file does not hold
+    return ModelFacts(kv_shape(config), parameters, layout, gguf_type=header.quantization)
 
 
 def _plain_folder_facts(folder: Path) -> ModelFacts | None:

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from kvsweep.models.build import fill_random_weights
+from kvsweep.models.build import fill_random_weights, load_options
 from kvsweep.models.resolve import ModelRef, load_config, meta_model
 from kvsweep.models.weight_layout import decoder_layers
-from kvsweep.models.weight_schemes import quantization_config, quantize_built_model, weight_scheme
+from kvsweep.models.weight_schemes import quantize_built_model, weight_scheme
 from kvsweep.plan.sharding import GpuLoad
 
 
@@ -105,9 +105,9 @@ def build_split_model(
     if ref.kind != "preset":
         meta = meta_model(config)
         placed = device_map(meta, decoder_layers(meta, layers), split.loads, split.devices)
-        quantized = {} if scheme is None else {"quantization_config": quantization_config(scheme)}
+        source, options = load_options(ref, scheme)
         model = AutoModelForCausalLM.from_pretrained(
-            ref.reference, dtype=dtype, device_map=placed, trust_remote_code=trust_remote_code, **quantized
+            source, dtype=dtype, device_map=placed, trust_remote_code=trust_remote_code, **options
         )
         if len(set(placed.values())) == 1:  # the CPU seam: Transformers adds hooks only across devices
             model = dispatch(model, placed)

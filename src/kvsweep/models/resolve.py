@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from kvsweep.models.gguf_source import gguf_config, hub_gguf, is_gguf
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.shape import KvShape, layer_layout
 
@@ -31,13 +32,28 @@ def classify(reference: str) -> ModelRef:
 
 
 def load_config(ref: ModelRef, trust_remote_code: bool = False) -> "PretrainedConfig":
-    """The model's config: built from the preset, or read from the folder / Hub."""
+    """The model's config: built from the preset, or read from the folder / Hub (a GGUF file: from its metadata)."""
     from transformers import AutoConfig
 
     if ref.kind == "preset":
         preset = PRESETS[ref.reference]
         return AutoConfig.for_model(preset.model_type, **preset.config)
-    return AutoConfig.from_pretrained(ref.reference, trust_remote_code=trust_remote_code)
+    if ref.kind == "local" and is_gguf(ref.reference):
+        return gguf_config(Path(ref.reference))
+    source, gguf = pretrained_args(ref)
+    return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **gguf)
+
+
+def pretrained_args(ref: ModelRef) -> tuple[str, dict[str, str]]:
+    """What `from_pretrained` reads `ref` from: its folder or Hub id and, for a GGUF file, `gguf_file=` the
+    file's name there (a Hub one: its path in the repo)."""
+    if not is_gguf(ref.reference):
+        return ref.reference, {}
+    if ref.kind == "hub" and (found := hub_gguf(ref.reference)):
+        repo, file = found
+        return repo, {"gguf_file": file}
+    path = Path(ref.reference)
+    return str(path.parent), {"gguf_file": path.name}
 
 
 def kv_shape(config: "PretrainedConfig") -> KvShape:
@@ -108,3 +124,20 @@ def cached_snapshot(repo_id: str, cache_dir: str | None = None) -> Path | None:
         return None
     snapshot = folder / "snapshots" / commit
     return snapshot if commit and snapshot.is_dir() else None
+
+
+def hub_repo(reference: str) -> str:
+    """The Hub repo a Hub reference lives in: itself, or for `org/name/file.gguf` the repo `org/name`."""
+    found = hub_gguf(reference)
+    return found[0] if found else reference
+
+
+def cached_model(reference: str, cache_dir: str | None = None) -> Path | None:
+    """Where a fetched Hub model is read from, with no request to the Hub: its cached snapshot folder (a GGUF
+    file: the file in it), or None when the cache has none."""
+    snapshot = cached_snapshot(hub_repo(reference), cache_dir)
+    found = hub_gguf(reference)
+    if snapshot is None or found is None:
+        return snapshot
+    file = snapshot / found[1]
+    return file if file.is_file() else None

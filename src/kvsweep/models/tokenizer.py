@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.errors import first_line
-from kvsweep.models.resolve import ModelRef
+from kvsweep.models.gguf_source import hub_gguf
+from kvsweep.models.resolve import ModelRef, cached_model, pretrained_args
 
 PRESET_HAS_NONE = "a bundled preset has random weights and no tokenizer"
 REASON_CHARS = 200
@@ -23,13 +24,19 @@ def load_tokenizer(ref: ModelRef, trust_remote_code: bool) -> Any:
         raise ValueError(f"{ref.reference}: {PRESET_HAS_NONE}")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ref.reference, trust_remote_code=trust_remote_code)
+    source, gguf = pretrained_args(ref)  # a GGUF file carries its tokenizer
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **gguf)
 
 
 def tokenizer_problem(ref: ModelRef, trust_remote_code: bool) -> str | None:
     """None when the tokenizer loads, else why not, in one short line (for a reason tag and a config error)."""
     if ref.kind == "preset":
         return PRESET_HAS_NONE
+    if ref.kind == "hub" and hub_gguf(ref.reference):
+        cached = cached_model(ref.reference)
+        if cached is None:  # probing it would download the whole file here; the cell reads it once fetched
+            return None  # (a GGUF file carries its tokenizer: llama.cpp needs it too)
+        ref = ModelRef(str(cached), "local")
     try:
         with _transformers_quiet():
             load_tokenizer(ref, trust_remote_code)

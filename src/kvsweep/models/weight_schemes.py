@@ -167,18 +167,22 @@ def layout_bytes(layout: WeightLayout | Block, scheme: WeightScheme | None, dtyp
 # --- checkpoints quantized already ---------------------------------------------------------------------------------
 
 _FP8_METHODS = {"fp8", "fbgemm_fp8"}
+GGUF_METHOD = "gguf"  # Transformers' GgufConfig, set on every model it loads from a GGUF file
 _BITS_KEYS = ("bits", "w_bit", "nbits", "weight_bits")
 
 
 def prequantized_label(config: Mapping[str, Any]) -> str | None:
     """How a config.json says its weights are quantized: `awq-int4`, `gptq-int4`, `fp8`, `bnb-nf4`, `bnb-int8`,
     `quanto-int8`, `compressed-tensors`, `mxfp4`..., the method itself when it names no bit width; None when it
-    has no `quantization_config` (a multimodal config's `text_config` counts too)."""
+    has no `quantization_config` (a multimodal config's `text_config` counts too), and for a GGUF file's: kvsweep
+    loads it dequantized (`models/gguf_source.py`), dense weights whose origin is recorded apart."""
     found = _quantization_section(config)
     if found is None:
         return None
     raw = found.get("quant_method") or ("bitsandbytes" if _bnb_flags(found) else "quantized")
     method = str(getattr(raw, "value", raw)).lower()  # a live config holds Transformers' QuantizationMethod enum
+    if method == GGUF_METHOD:
+        return None
     if method == "bitsandbytes":
         if found.get("load_in_4bit") or found.get("_load_in_4bit"):
             return f"bnb-{found.get('bnb_4bit_quant_type') or 'fp4'}"

@@ -7,6 +7,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, MeasureProtocol, expand_grid
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
+from kvsweep.models.gguf_source import gguf_weights_problem, is_gguf
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
@@ -29,7 +30,9 @@ def model_facts(
         except Exception as exc:  # a typo'd preset, a missing folder, an unreachable Hub
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             problems[model] = (
-                f"model {model!r} could not be resolved: not a bundled preset, not a local folder, "
+                f"model {model!r}: {first[:300]}"  # a GGUF file's reading says what is wrong with it
+                if is_gguf(model)
+                else f"model {model!r} could not be resolved: not a bundled preset, not a local folder, "
                 f"and the Hub lookup failed ({first[:200]})"
             )
     for model, fact in facts.items():
@@ -39,8 +42,11 @@ def model_facts(
 
 
 def requantize_problem(model: str, facts: ModelFacts, weights: list[str]) -> str | None:
-    """Why quantizing this model's weights is refused: its checkpoint is quantized already."""
+    """Why quantizing this model's weights is refused: its checkpoint is quantized already (a GGUF file too:
+    Transformers loads it dequantized and refuses to quantize it again)."""
     asked = [w for w in weights if w != NO_WEIGHT_QUANTIZATION]
+    if facts.gguf_type is not None and asked:
+        return gguf_weights_problem(model, facts.gguf_type, asked[0])
     if facts.prequantized is None or not asked:
         return None
     return (

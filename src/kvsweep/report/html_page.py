@@ -15,6 +15,7 @@ from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
 from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_kv import WeightsKvTable
+from kvsweep.report.weights_origin import origin_notes
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -102,6 +103,7 @@ def render_page(
         f"<h1>{html.escape(title)}</h1>",
         parent if parent_url else "",
         f'<p class="muted">{html.escape(intro)}</p>',
+        *(f"<p>{html.escape(note)}</p>" for note in origin_notes(decisions)),
         *(_capacity(capacity) if capacity else []),
         "<h2>Decision</h2>",
         f'<p class="muted">{html.escape(listing.note())}.</p>' if listing.left_out else "",

@@ -3,13 +3,19 @@
 from collections.abc import Sequence
 
 from kvsweep.caches import BASELINE
-from kvsweep.names import Metric, ci_high, ci_low
+from kvsweep.names import TASK_JSONL, Metric, ci_high, ci_low
 from kvsweep.report.capacity_tables import CapacitySection
 from kvsweep.report.listing import Listing
-from kvsweep.report.quality_gate import depth_accuracies, task_accuracy
+from kvsweep.report.quality_gate import (
+    MAX_REFERENCE_WIDTH,
+    MIN_REFERENCE_ACCURACY,
+    depth_accuracies,
+    task_accuracy,
+)
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_kv import WeightsKvTable
+from kvsweep.report.weights_origin import origin_notes
 from kvsweep.units import MIB
 
 
@@ -107,6 +113,12 @@ def task_text(entry: Entry) -> str:
     return f"{accuracy.task} {accuracy.text()}{by_depth}"
 
 
+def _task_cell(entry: Entry, links: dict[str, str]) -> TableCell:
+    """The accuracy, linked to the cell's `task.jsonl` (every prompt's expected and given answer) in MLflow."""
+    text, url = task_text(entry), links.get(entry.result.cell_id)
+    return (text, f"{url}/artifactPath/{TASK_JSONL}", "") if url and text != "-" else text
+
+
 def verdict_text(entry: Entry) -> str:
     """The task verdict against dynamic: ok, loss, undecided; 'baseline' for dynamic's own cell."""
     if entry.gate.task is not None:
@@ -156,7 +168,7 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
                     _with_interval(m, Metric.TTFT_MS) if e.status == "ok" else "-",
                     _num(e.memory, MIB) if e.status == "ok" else "-",
                     cost_text(e) or ("baseline" if e.label == BASELINE and e.status == "ok" else "-"),
-                    task_text(e),
+                    _task_cell(e, links),
                     verdict_text(e),
                     _num(m.get(Metric.TOKEN_AGREEMENT)) if e.status == "ok" else "-",
                     f"{m[Metric.KL_DIVERGENCE]:.2e}" if e.status == "ok" and Metric.KL_DIVERGENCE in m else "-",
@@ -186,11 +198,14 @@ def intro(decisions: list[Decision]) -> str:
         f"strategies within {s.max_slowdown:.0%} of the fastest median. Costs are relative to `dynamic` on the same "
         "model, dtype, batch, context and new tokens; a timing's ± is its 95% uncertainty (both intervals in "
         "quadrature). CONTENDED marks cells measured while other processes took their CPUs or GPU "
-        "(`kvsweep.contended`). Quality: a strategy whose task accuracy is more than "
-        f"{s.max_accuracy_drop:.2f} below dynamic's is refused (never picked) when the exact 95% intervals are "
-        "apart (loss) and also while they overlap (undecided: more measure.quality_trials decide), as is one "
-        f"whose mean KL from dynamic exceeds {s.max_kl:g} nats; token agreement below "
-        f"{s.min_token_agreement:.2f} is only flagged, as is everything on random-weight presets."
+        "(`kvsweep.contended`). Quality: where dynamic does the task (its accuracy at least "
+        f"{MIN_REFERENCE_ACCURACY:.1f}, its interval no wider than {MAX_REFERENCE_WIDTH:.1f}), a strategy whose task "
+        f"accuracy is more than {s.max_accuracy_drop:.2f} below dynamic's is refused (never picked) when the exact "
+        "95% intervals are apart (loss) and also while they overlap (undecided: more measure.quality_trials "
+        "decide); there the task decides alone. Where no task can judge (random ids, or a task dynamic itself "
+        f"fails: uninformative), a strategy whose mean KL from dynamic exceeds {s.max_kl:g} nats is refused. "
+        "Each accuracy links to the cell's task.jsonl (every prompt's expected and given answer). Token "
+        f"agreement below {s.min_token_agreement:.2f} is only flagged, as is everything on random-weight presets."
     )
 
 
@@ -212,6 +227,7 @@ def selection_markdown(
         [
             f"# {title}",
             intro(decisions),
+            *origin_notes(decisions),
             *(capacity_markdown(capacity) if capacity else []),
             "## Decision",
             *([f"_{listing.note()}._"] if listing.left_out else []),

@@ -1,14 +1,22 @@
 """Does a strategy still do the job? Its task accuracy against dynamic's, its KL from dynamic, and flags.
 
 A cell fed text answers task prompts (passkey needles or a prompts file) after its timed calls; its
-accuracy carries an exact 95% binomial interval. Against dynamic's cell of the same group:
+accuracy carries an exact 95% binomial interval. The task can only judge a cache where the model
+does it: dynamic's cell of the same group (model, dtype, batch, context) is the reference, and the
+task is *informative* there when dynamic scores at least `MIN_REFERENCE_ACCURACY` with an interval
+no wider than `MAX_REFERENCE_WIDTH`; otherwise it is *uninformative* (a model that cannot find the
+key at that context says nothing about what a cache does to it) and decides nothing. Where it is
+informative, against dynamic:
 - within `max_accuracy_drop` of dynamic's accuracy: *ok*;
 - further below, with the two intervals apart: *loss*, the strategy is refused;
 - further below, but the intervals overlap: *undecided*, refused too, because a few dozen prompts
   cannot tell that drop from luck (more `measure.quality_trials` can).
-A mean teacher-forced KL from dynamic above `max_kl` refuses a strategy as well. Token agreement is
-reported only: greedy tokens diverge after one near-tie, which says little about the answers. On a
-random-weight preset (shape-only) no task runs and KL says little, so everything there is a flag.
+The task decides there alone: a cache that keeps the model's answers is not refused for the small KL
+every lossy cache has. Where there is no informative task (random ids, an uninformative task), the
+mean teacher-forced KL from dynamic decides: above `max_kl` the strategy is refused (the default was
+calibrated on a real model: docs/report.md). Token agreement is reported only: greedy tokens diverge
+after one near-tie, which says little about the answers. On a random-weight preset (shape-only) no
+task runs and KL says little, so everything there is a flag.
 
 Pure functions over results (no torch, no MLflow): the selection, the report and the
 `kvsweep.quality_loss` tag all read the same verdict.
@@ -30,6 +38,11 @@ UNDECIDED_ADVICE = "undecided, run more measure.quality_trials"
 REFUSED_ADVICE = "quality below dynamic's here: keep dynamic (for a quantized cache, try more bits)"
 AGREEMENT_PREFIX = "token agreement"
 SHAPE_ONLY_FLAG = "shape-only (random weights): no task run, quality only flagged"
+# The reference must do the task for the task to judge anything: dynamic at least this accurate...
+MIN_REFERENCE_ACCURACY = 0.7
+# ...and its exact 95% interval no wider than this (fewer trials than that cannot tell much from little).
+MAX_REFERENCE_WIDTH = 0.5
+INFORMATIVE, UNINFORMATIVE, NO_TASK = "informative", "uninformative", "none"
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,43 @@ class TaskVerdict:
 
 
 @dataclass(frozen=True)
+class TaskStanding:
+    """Whether the group's task can judge its caches: informative, uninformative (and why), or none."""
+
+    kind: str = NO_TASK  # informative | uninformative | none
+    why: str = ""  # uninformative: 'passkey uninformative at ctx 2048: dynamic 0.31 [0.11-0.59]'
+
+    def tag(self) -> str:
+        """The `kvsweep.task` tag's value."""
+        return f"{UNINFORMATIVE}: {self.why}" if self.kind == UNINFORMATIVE else self.kind
+
+
+def task_standing(result: CellResult, dynamic: CellResult | None) -> TaskStanding:
+    """none without a task; uninformative when dynamic (the reference) is missing, answered another task, or
+    scores below `MIN_REFERENCE_ACCURACY` or with an interval wider than `MAX_REFERENCE_WIDTH`."""
+    mine = task_accuracy(result.metrics)
+    if mine is None:
+        return TaskStanding()
+    context = int(result.cell.context_length)
+    if dynamic is None:
+        return TaskStanding(UNINFORMATIVE, f"{mine.task} unjudged at ctx {context}: no dynamic cell ran")
+    theirs = task_accuracy(dynamic.metrics)
+    if theirs is None or theirs.metric != mine.metric:
+        return TaskStanding(UNINFORMATIVE, f"{mine.task} unjudged at ctx {context}: dynamic answered no such task")
+    width = theirs.high - theirs.low
+    if theirs.value < MIN_REFERENCE_ACCURACY - SHARE_TOLERANCE or width > MAX_REFERENCE_WIDTH + SHARE_TOLERANCE:
+        return TaskStanding(UNINFORMATIVE, f"{mine.task} uninformative at ctx {context}: dynamic {theirs.text()}")
+    return TaskStanding(INFORMATIVE)
+
+
+@dataclass(frozen=True)
 class Gate:
     """What quality says about one cell that ran: its task verdict, why it may not be picked, what to flag."""
 
     task: TaskVerdict | None = None
     refusals: tuple[str, ...] = ()  # any of them keeps the strategy from being picked
     flags: tuple[str, ...] = ()  # reported, never deciding
+    standing: TaskStanding = TaskStanding()  # whether the task could judge this cell
 
     @property
     def refused(self) -> bool:
@@ -164,15 +208,23 @@ def judge(
     kl = kl_text(result.metrics, max_kl)
     agreement = agreement_text(result.metrics, min_token_agreement)
     flags = [agreement] if agreement else []
+    standing = task_standing(result, dynamic)
     if shape_only:
-        return Gate(flags=(*([kl] if kl else []), *flags, SHAPE_ONLY_FLAG))
-    task = task_verdict(result, dynamic, max_accuracy_drop)
-    refusals = [reason for reason in (task.reason() if task else "", kl) if reason]
-    return Gate(task, tuple(refusals), tuple(flags))
+        return Gate(flags=(*([kl] if kl else []), *flags, SHAPE_ONLY_FLAG), standing=standing)
+    if standing.kind == INFORMATIVE:
+        task = task_verdict(result, dynamic, max_accuracy_drop)
+        reason = task.reason() if task else ""
+        # the task decides; a KL over the limit is shown beside a kept task, never refusing alone
+        kl_flag = [f"{kl}, task kept"] if kl and task is not None and not reason else []
+        return Gate(task, (reason,) if reason else (), (*kl_flag, *flags), standing)
+    uninformative = [standing.why] if standing.kind == UNINFORMATIVE and result is not dynamic else []
+    return Gate(None, (kl,) if kl else (), (*uninformative, *flags), standing)
 
 
-def loss_tag(gate: Gate) -> dict[str, str]:
-    """`kvsweep.quality_loss`: true (loss), undecided, false (ok); no tag without a task verdict."""
-    if gate.task is None:
-        return {}
-    return {ResultTag.QUALITY_LOSS: LOSS_TAG_VALUES[gate.task.verdict]}
+def gate_tags(gate: Gate) -> dict[str, str]:
+    """`kvsweep.task` (informative, uninformative: why, none) and `kvsweep.quality_loss`: true (loss),
+    undecided, false (ok), the latter only with a task verdict."""
+    tags = {ResultTag.TASK: gate.standing.tag()}
+    if gate.task is not None:
+        tags[ResultTag.QUALITY_LOSS] = LOSS_TAG_VALUES[gate.task.verdict]
+    return tags

@@ -9,8 +9,9 @@ For every group of cells that differ only in their cache strategy:
 - every strategy's cost relative to `dynamic` (TPOT, TTFT, the `rank_by` timing, memory), its
   quality flags, and for failures the status with the rollback advice (`report/advice.py`).
 Quality decides eligibility (`quality_gate.py`): a strategy whose task accuracy is lost against
-dynamic's, or undecided, or whose KL from dynamic is over the limit, is never picked as fastest or
-leanest; low token agreement is only flagged, as is everything on random-weight presets (shape-only).
+dynamic's, or undecided, is never picked as fastest or leanest; where no informative task judges the
+group, one whose KL from dynamic is over the limit is not either. Low token agreement is only flagged,
+as is everything on random-weight presets (shape-only).
 """
 
 import math
@@ -24,7 +25,7 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, slow_quantized_advice
-from kvsweep.report.quality_gate import Gate, judge, loss_tag
+from kvsweep.report.quality_gate import UNINFORMATIVE, Gate, gate_tags, judge
 from kvsweep.report.uncertainty import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
@@ -107,6 +108,8 @@ class Decision:
         refused = [f"{e.label} ({'; '.join(e.gate.refusals)})" for e in self.refused()]
         if refused:
             text += f"; refused: {', '.join(refused)}"
+        if self.uninformative:
+            text += f"; {self.uninformative}"
         drifted = [f"{e.label} {flag}" for e in self.entries if e.status == OK for flag in e.gate.drift]
         if drifted:
             text += f"; flagged: {', '.join(drifted)}"
@@ -126,6 +129,12 @@ class Decision:
             f"{', '.join(e.label for e in self.tied)}; pick {self.pick.label} ({TIE_RULE}{_vs(self.pick)})"
         )
 
+    @property
+    def uninformative(self) -> str:
+        """'passkey uninformative at ctx 2048: dynamic 0.31 [0.11-0.59]' when the group's task judged nothing."""
+        standings = [e.gate.standing for e in self.entries if e.status == OK]
+        return next((s.why for s in standings if s.kind == UNINFORMATIVE), "")
+
     def refused(self) -> list[Entry]:
         """Strategies that ran but that quality keeps from being picked."""
         return [e for e in self.entries if e.status == OK and e.gate.refused]
@@ -139,14 +148,9 @@ class Decision:
 
 
 def quality_loss_tags(decisions: Iterable[Decision]) -> dict[str, dict[str, str]]:
-    """Cell id -> its `kvsweep.quality_loss` tag, for every cell with a task verdict (MLflow's copy of it)."""
-    tags = {}
-    for decision in decisions:
-        for entry in decision.entries:
-            tag = loss_tag(entry.gate)
-            if tag:
-                tags[entry.result.cell_id] = tag
-    return tags
+    """Cell id -> its `kvsweep.task` and (with a task verdict) `kvsweep.quality_loss` tags, for every cell
+    that ran (MLflow's copy of the gate)."""
+    return {e.result.cell_id: gate_tags(e.gate) for d in decisions for e in d.entries if e.status == OK}
 
 
 def _vs(entry: Entry, first: bool = False) -> str:

@@ -5,6 +5,7 @@ axes as params, numbers as metrics, status and identity as tags. Every method ma
 is unreachable; `sink.py` decides what to do about it.
 """
 
+import json
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from kvsweep.names import (
     PARAM_KEYS,
     REPORT_DIR,
     SWEEP_ROLE,
+    TASK_JSONL,
     Metric,
     RunTag,
     sweep_count_metric,
@@ -178,6 +180,8 @@ class SweepTracker:
         )
         if result.samples:
             self.client.log_dict(run_id, {"samples": result.samples, "environment": result.environment}, "samples.json")
+        if result.trials:
+            self.client.log_text(run_id, "".join(json.dumps(t) + "\n" for t in result.trials), TASK_JSONL)
         if result.traceback:
             self.client.log_text(run_id, result.traceback, "traceback.txt")
         self.client.set_terminated(run_id, mlflow_status(result.status))
