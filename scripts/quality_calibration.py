@@ -36,7 +36,7 @@ CACHES = (
     "quantized-hqq-int2",
     "quantized-hqq-int1",
 )
-THRESHOLDS = (0.005, 0.01, 0.02, 0.05, 0.1)
+THRESHOLDS = (0.005, 0.05, 0.1, 0.5, 1.0)
 MAX_ACCURACY_DROP = 0.05
 
 

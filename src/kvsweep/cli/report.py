@@ -33,7 +33,9 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument(
         "--max-accuracy-drop", type=float, help="refuse caches whose task accuracy is this far below dynamic's"
     )
-    parser.add_argument("--max-kl", type=float, help="refuse caches whose mean KL from dynamic exceeds this (nats)")
+    parser.add_argument(
+        "--max-kl", type=float, help="where no informative task judges: refuse caches whose mean KL exceeds this (nats)"
+    )
     parser.add_argument(
         "--rank-by", choices=(Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS), help="what 'fastest' means"
     )

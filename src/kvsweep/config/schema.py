@@ -185,7 +185,10 @@ class ReportConfig:
         0.05, "refuse caches whose task accuracy is below dynamic's by more than this (intervals apart)", SHARE
     )
     max_kl: float = _help(
-        0.005, "refuse caches whose mean teacher-forced KL from dynamic exceeds this many nats", POSITIVE
+        0.5,
+        "where no informative task judges a group (random ids, a task dynamic fails), refuse caches whose mean "
+        "teacher-forced KL from dynamic exceeds this many nats (0.5: calibrated on SmolLM2-135M, docs/report.md)",
+        POSITIVE,
     )
     gpu_hour_cost: float = _help(
         0.0,

@@ -117,8 +117,9 @@ def _quality_figure(
 
 
 def _kl_limit(ax: Axes, max_kl: float | None) -> None:
-    """KL spans decades (0 for dynamic itself): linear near zero, logarithmic above a tenth of the limit."""
-    ax.set_yscale("symlog", linthresh=(max_kl or 0.005) / 10)
+    """KL spans decades (0 for dynamic itself, 1e-4 for int8, over 1 for int2): linear near zero, logarithmic
+    above a hundredth of the limit."""
+    ax.set_yscale("symlog", linthresh=(max_kl or 0.5) / 100)
     if max_kl is not None:
         ax.axhline(max_kl, color="black", linestyle="--", linewidth=1.2, label=f"report.max_kl {max_kl:g}")
 

@@ -41,7 +41,7 @@ class Settings:
     max_slowdown: float = 0.10
     min_token_agreement: float = 0.9  # below it: flagged, never deciding alone
     max_accuracy_drop: float = 0.05  # task accuracy below dynamic's by more than this, intervals apart: refused
-    max_kl: float = 0.005  # mean teacher-forced KL from dynamic (nats) above this: refused
+    max_kl: float = 0.5  # mean teacher-forced KL from dynamic (nats) above this: refused where no task judges
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> "Settings":
