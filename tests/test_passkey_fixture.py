@@ -89,3 +89,12 @@ def test_a_prompts_files_accuracy_is_the_hand_count(run_sweep, tokenizer, tmp_pa
     [(metrics, _, params)] = _metrics(run.tracking_uri).values()
     assert params["inputs"] == "file:prompts.jsonl"
     assert metrics["task_trials"] == 10 and metrics["answer_accuracy"] == pytest.approx(6 / 10)
+    # task.jsonl keeps every trial: a hand reading of its stored answers gives the same count
+    from mlflow import MlflowClient
+
+    [run_info] = cell_runs(run.tracking_uri)[1]
+    stored = Path(MlflowClient(run.tracking_uri).download_artifacts(run_info.info.run_id, "task.jsonl"))
+    trials = [json.loads(line) for line in stored.read_text().splitlines()]
+    assert [t["expected"] for t in trials] == [r["answer"] for r in records]
+    by_hand = [t["answer"].strip().split(".")[0].strip() == t["expected"] for t in trials]
+    assert [t["correct"] for t in trials] == by_hand and sum(by_hand) == 6

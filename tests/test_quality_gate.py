@@ -171,3 +171,17 @@ def test_random_weights_run_no_task_and_are_only_flagged(shape_only):
     decision = only(results, max_kl=0.02)
     assert decision.pick.label == "quantized-hqq-int2"
     assert any(f.startswith("shape-only (random weights)") for f in decision.entries[1].flags)
+
+
+def test_the_runs_end_names_only_groups_where_dynamic_itself_failed_its_task():
+    from kvsweep.driver.sweep_end import task_failures
+
+    failed = only([cell("dynamic", 5), cell("quantized-hqq-int2", 0, tpot=6.0)])
+    no_dynamic = only([cell("static", 16, context=1024), cell("quantized-hqq-int2", 0, context=1024, tpot=6.0)])
+    fine = only([cell("dynamic", 16, context=2048), cell("quantized-hqq-int2", 0, context=2048, tpot=6.0)])
+    text = task_failures([failed, no_dynamic, fine])
+    assert text.startswith("Task judged nothing in 1 group(s), where dynamic itself failed it: ")
+    assert "org/served bfloat16 bs1 ctx4096 new32 (passkey uninformative at ctx 4096: dynamic 0.31 [0.11-0.59])" in text
+    assert "ctx1024" not in text and "ctx2048" not in text
+    assert "task.jsonl" in text
+    assert task_failures([fine]) == ""

@@ -16,13 +16,14 @@ import pytest
 
 from conftest import cell_runs, sweep_in_process
 
-pytestmark = pytest.mark.slow
-
 CONTEXTS = (512, 1024)
 CACHES = ("dynamic", "quantized-hqq-int8", "quantized-hqq-int4", "quantized-hqq-int2")
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 (its config.json; the published architecture)
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64
-NEW_TOKENS = 32  # the default grid.max_new_tokens
+NEW_TOKENS = 8  # short timed calls and KL pass: the task trials are what costs here
+SWEEP_TIMEOUT_S = 1500  # the sweep runs in the first test's setup: eight cells, about 8 minutes on 2 cores
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(SWEEP_TIMEOUT_S)]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,7 @@ def real_sweep(real_model, ray_cluster, cell_template, migrated_store, tmp_path_
             "grid.dtypes=[float32]",
             f"grid.context_lengths=[{','.join(map(str, CONTEXTS))}]",
             f"grid.caches=[{','.join(CACHES)}]",
+            f"grid.max_new_tokens=[{NEW_TOKENS}]",
             "measure=quick",
         ),
         f"sqlite:///{folder / 'mlflow.db'}",
@@ -53,7 +55,8 @@ def _cells(outcome) -> dict[tuple[str, int], object]:
 
 
 def _line(outcome, context: int) -> str:
-    [line] = [x for x in outcome.out.splitlines() if f"ctx{context} " in x and "float32" in x]
+    """The selection's line for this context."""
+    [line] = [x for x in outcome.out.splitlines() if f"ctx{context} new{NEW_TOKENS}:" in x]
     return line
 
 
@@ -175,42 +178,7 @@ def test_a_model_that_cannot_do_the_task_makes_it_uninformative_and_it_gates_not
     why = "passkey uninformative at ctx 256: dynamic 0.00 [0.00-0.37]"  # 0 of 8: Clopper-Pearson 0-0.3694
     assert tags["dynamic"]["kvsweep.task"] == tags["quantized-hqq-int2"]["kvsweep.task"] == f"uninformative: {why}"
     assert "kvsweep.quality_loss" not in tags["quantized-hqq-int2"]
-    [line] = [x for x in run.out.splitlines() if "ctx256" in x]
+    [line] = [x for x in run.out.splitlines() if re.search(r"ctx256 new\d+:", x)]
     assert why in line
     assert "passkey" not in line.partition("refused: ")[2].partition(";")[0]  # only KL may refuse here
     assert "Task judged nothing in 1 group(s), where dynamic itself failed it" in run.out
-
-
-def test_a_prompts_files_answer_accuracy_is_the_hand_check_of_its_stored_answers(real_model, run_sweep, tmp_path):
-    """Questions a small chat model knows, and some it cannot: the accuracy kvsweep logs is the share of stored
-    answers whose first line, read by hand here, is the expected answer."""
-    from mlflow import MlflowClient
-
-    records = [
-        {"prompt": "What is the capital of France? Answer with one word.", "answer": "Paris"},
-        {"prompt": "What colour is the sky on a clear day? Answer with one word.", "answer": "Blue"},
-        {"prompt": "How many legs does a spider have? Answer with a number only.", "answer": "8"},
-        {"prompt": "What is the opposite of hot? Answer with one word.", "answer": "Cold"},
-        {"prompt": "Name the largest planet in the solar system. Answer with one word.", "answer": "Jupiter"},
-        {"prompt": "What is 17 times 23? Answer with a number only.", "answer": "391"},
-    ]
-    path = tmp_path / "questions.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    run = run_sweep(
-        f"grid.models=[{real_model}]", "grid.context_lengths=[96]", "grid.caches=[dynamic]", "measure=quick",
-        "inputs.source=file", f"inputs.path={path}", "measure.quality_trials=6",
-    )  # fmt: skip
-    assert run.code == 0, run.out + run.err
-    [cell] = cell_runs(run.tracking_uri)[1]
-    stored = Path(MlflowClient(run.tracking_uri).download_artifacts(cell.info.run_id, "task.jsonl"))
-    trials = [json.loads(line) for line in stored.read_text().splitlines()]
-    assert [t["expected"] for t in trials] == [r["answer"] for r in records]
-
-    def by_hand(answer: str, expected: str) -> bool:
-        first = next(line for line in answer.splitlines() if line.strip()).strip()
-        first = first.split(". ")[0]
-        return first.strip(" .!*").lower() == expected.lower()
-
-    right = sum(by_hand(t["answer"], t["expected"]) for t in trials)
-    assert cell.data.metrics["answer_accuracy"] == right / len(records)
-    assert right > 0  # the model knows some of them: the check is not of an all-wrong file

@@ -55,7 +55,7 @@ def finish(sweep: "SweepRun") -> int:
 
 def task_failures(decisions: "list[Decision]") -> str:
     """The groups where dynamic failed its own task (so the task judged no cache there), named at the end."""
-    failed = [f"{d.label} ({d.uninformative})" for d in decisions if d.uninformative]
+    failed = [f"{d.label} ({d.uninformative})" for d in decisions if d.dynamic_failed_task]
     if not failed:
         return ""
     return (

@@ -135,6 +135,13 @@ class Decision:
         standings = [e.gate.standing for e in self.entries if e.status == OK]
         return next((s.why for s in standings if s.kind == UNINFORMATIVE), "")
 
+    @property
+    def dynamic_failed_task(self) -> bool:
+        """Whether dynamic ran here and failed its own task (not merely: no dynamic cell to judge by)."""
+        return any(
+            e.label == BASELINE and e.status == OK and e.gate.standing.kind == UNINFORMATIVE for e in self.entries
+        )
+
     def refused(self) -> list[Entry]:
         """Strategies that ran but that quality keeps from being picked."""
         return [e for e in self.entries if e.status == OK and e.gate.refused]
