@@ -150,6 +150,7 @@ def test_a_task_dynamic_fails_or_cannot_resolve_judges_nothing(dynamic_right, tr
     }
     assert decision.pick.label == "quantized-hqq-int2"  # nothing refused it: the task judged nothing, KL is small
     assert f"; {why}" in decision.summary()
+    assert why in selection_markdown("t", [decision], {})  # the report's decision table says so too
 
 
 def test_a_quality_figure_is_drawn_per_facet_with_a_task(tmp_path):

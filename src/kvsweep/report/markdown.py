@@ -88,7 +88,8 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         contended = [f"{e.label}: CONTENDED ({e.contention})" for e in d.deciding() if e.contention]
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
         row = [d.model_name or model, dtype, str(batch), str(context), str(new), pick, leanest]
-        rows.append([*row, "; ".join(contended + refused + failed + flagged)])
+        task = [d.uninformative] if d.uninformative else []  # the task judged nothing in this group
+        rows.append([*row, "; ".join(contended + task + refused + failed + flagged)])
     return header, rows
 
 
