@@ -214,11 +214,7 @@ def _gguf_file(model: str, gguf: tuple[str, str], settings: HubSettings, source:
     the snapshot that holds it; offline, only found there."""
     repo, file = gguf
     if settings.offline:
-        snapshot = cached_snapshot(repo, settings.cache_dir)
-        if snapshot is None or not (snapshot / file).is_file():
-            where = hub_cache_folder(repo, settings.cache_dir).parent
-            raise NotFetchable(f"HF_HUB_OFFLINE is set and {model} is not in the Hub cache ({where})")
-        return snapshot
+        return _offline_snapshot(repo, settings.cache_dir, file)
     listed = source.files(repo, settings.token)
     if file not in listed:
         others = [f for f in listed if f.lower().endswith(".gguf")]
@@ -247,12 +243,19 @@ def _fetch(repo: str, settings: HubSettings, source: HubSource, with_code: bool)
     return snapshot
 
 
+def _offline_snapshot(repo: str, cache_dir: str | None, file: str = "") -> Path:
+    """HF_HUB_OFFLINE: the cached snapshot of `repo` (holding `file`, when one is named), or why there is none."""
+    snapshot = cached_snapshot(repo, cache_dir)
+    if snapshot is None or (file and not (snapshot / file).is_file()):
+        name = f"{repo}/{file}" if file else repo
+        where = hub_cache_folder(repo, cache_dir).parent
+        raise NotFetchable(f"HF_HUB_OFFLINE is set and {name} is not in the Hub cache ({where})")
+    return snapshot
+
+
 def _cached(repo: str, cache_dir: str | None) -> Path:
     """The cached snapshot with every file a load reads, or why not (HF_HUB_OFFLINE: nothing is fetched)."""
-    snapshot = cached_snapshot(repo, cache_dir)
-    where = hub_cache_folder(repo, cache_dir).parent
-    if snapshot is None:
-        raise NotFetchable(f"HF_HUB_OFFLINE is set and {repo} is not in the Hub cache ({where})")
+    snapshot = _offline_snapshot(repo, cache_dir)
     files = snapshot_files(snapshot)
     problem = load_problem(files)
     index = weights_index(files)
@@ -261,6 +264,7 @@ def _cached(repo: str, cache_dir: str | None) -> Path:
         missing = [f for f in wanted if not (snapshot / f).is_file()]
         problem = f"its cached snapshot lacks {', '.join(missing[:3])}" if missing else None
     if problem:
+        where = hub_cache_folder(repo, cache_dir).parent
         raise NotFetchable(f"HF_HUB_OFFLINE is set and {repo} is not usable from the Hub cache ({where}): {problem}")
     return snapshot
 
