@@ -132,3 +132,27 @@ def test_faster_than_memory_is_implausible_only_for_bytes_no_cache_can_hold():
     assert not implausible(at_limit, bandwidth)
     unknown = Bandwidth(gbps=10.0, last_level_cache_bytes=None)
     assert not implausible(bandwidth_metrics(1 << 30, 10.0, unknown), unknown)  # no cache size: no verdict
+
+
+def test_a_decode_step_reads_quantized_weights_as_stored_not_at_their_nominal_size():
+    """quanto keeps a frozen int8 weight as a float32-typed Parameter of the original shape: counted by
+    `numel() * element_size()` it weighs as much as the float32 matrix, 4x what memory holds."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvsweep.models.presets import PRESETS
+    from kvsweep.models.weight_schemes import quantize_built_model, weight_scheme
+
+    preset = PRESETS["tiny-llama"]
+    config = AutoConfig.for_model(preset.model_type, **{**preset.config, "tie_word_embeddings": False})
+    model = AutoModelForCausalLM.from_config(config)  # float32
+    quantize_built_model(model, weight_scheme("quanto-int8"))
+
+    def int8_linear(n_in: int, n_out: int) -> int:  # int8 matrix, a float32 scale per row, two float32 scalars
+        return n_out * n_in + n_out * 4 + 2 * 4
+
+    per_layer = 2 * int8_linear(128, 128) + 2 * int8_linear(128, 64) + 2 * int8_linear(128, 256)
+    per_layer += int8_linear(256, 128) + 2 * 128 * 4  # down_proj; two float32 norms
+    head = 1024 * 128 * 4  # the lm_head stays float32 (Transformers never quantizes the output layer)
+    assert decode_weight_bytes(model) == 4 * per_layer + 128 * 4 + head
+    nominal = sum(p.numel() * p.element_size() for p in model.parameters()) - 1024 * 128 * 4
+    assert nominal > 2.5 * (4 * per_layer)  # what the count by shape and dtype claimed

@@ -26,6 +26,7 @@ from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.plan.memory import estimate_peak
 from kvsweep.plan.offload import pinned_host_bytes, prefill_bytes
+from kvsweep.plan.sweep_plan import predicted_metrics
 from kvsweep.testing.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
@@ -179,6 +180,28 @@ def test_an_offloaded_dynamic_cache_moves_its_sliding_layers_as_their_kept_view(
     assert traffic.host_link_bytes == pytest.approx(LAYER_TOKEN * sum(link) / 2)
     attended = [2 * 16 + 2 * (30 + j) for j in (1, 2)]
     assert traffic.device_bytes == pytest.approx(LAYER_TOKEN * sum(attended) / 2)
+
+
+@pytest.mark.parametrize(
+    "cache, peak_tokens, returned_tokens",
+    [
+        # resident sliding layers (2 x 16), and of the full layers (32 reserved) two at a step's peak, one after
+        ("offloaded_static", 2 * 16 + 2 * 32, 2 * 16 + 32),
+        # every layer moves; the largest two (full, 32 tokens) at the peak, layer 0 (sliding, its 15-token view) after
+        ("offloaded", 2 * 32, 15),
+    ],
+)
+def test_an_offloaded_cache_is_predicted_on_the_device_at_the_moment_it_is_read(cache, peak_tokens, returned_tokens):
+    """`kv_cache_device_bytes` is read when `generate` returns. Each layer's update first prefetches the next moved
+    layer, circling back to the first, then offloads itself: after the last layer's update of the last step the
+    first moved layer is on the device and every other moved layer on the host. The planner fits the GPU with the
+    peak of a step (two moved layers in flight); `predicted_kv_device_bytes` is the moment it is compared with."""
+    cell = Cell("tiny", "float32", 30, 1, 3, cache, False)
+    strategy = get_strategy(cache)
+    assert estimate_peak(cell, strategy, ALTERNATING, parameters=0).kv_device_bytes == LAYER_TOKEN * peak_tokens
+    planned = plan_cell(cell, "cuda", ALTERNATING)
+    assert planned.kv_device_bytes == LAYER_TOKEN * returned_tokens
+    assert predicted_metrics(planned)["predicted_kv_device_bytes"] == LAYER_TOKEN * returned_tokens
 
 
 @pytest.mark.parametrize("name", [*SLIDING, "tiny-lfm2-hybrid"])

@@ -2,7 +2,8 @@
 
 Each check runs in a fresh spawned process (the limit is process-wide; pytest's own must never carry
 it). Sizes are chosen by arithmetic far from the edges: a tensor of 0.1 GB fits under 0.2 GB, one of
-0.4 GB does not. The CUDA branch (`set_per_process_memory_fraction`) needs a GPU and is not run here.
+0.4 GB does not. The CUDA branch (`set_per_process_memory_fraction`) needs a GPU: here it is driven through
+its allocator seam, which records what each device was told; `scripts/gpu_smoke.sh` checks it on a GPU.
 """
 
 import dataclasses
@@ -140,3 +141,42 @@ def test_a_cell_too_large_for_the_limit_ends_oom_and_runs_without_it():
         assert result["tags"]["kvsweep.energy"] == (
             "unknown: NVML's energy counter needs a CUDA device; this cell ran on cpu"
         )
+
+
+@dataclasses.dataclass
+class RecordingAllocator:
+    """Two GPUs of 80 and 40 GB (1e9 bytes) whose caching allocators remember every fraction they were given."""
+
+    totals: tuple[int, ...] = (80 * GB, 40 * GB)
+    fractions: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+
+    def total_memory(self, index: int) -> int:
+        return self.totals[index]
+
+    def set_fraction(self, fraction: float, index: int) -> None:
+        self.fractions.setdefault(index, []).append(fraction)
+
+
+def test_every_gpu_of_a_split_cell_is_capped_to_the_limit_and_released_even_after_a_failure():
+    """torch caps one device per call: a 2-GPU cell must cap both, each at 20 GB of its own size."""
+    import pytest
+
+    from kvsweep.cell.memory_limit import memory_limit
+
+    allocator = RecordingAllocator()
+    failing = pytest.raises(RuntimeError, match="CUDA out of memory")
+    with failing, memory_limit("cuda", 20.0, gpus=2, allocator=allocator) as how:
+        assert allocator.fractions == {0: [0.25], 1: [0.5]}  # 20/80 and 20/40
+        raise RuntimeError("CUDA out of memory")  # what the cell's measuring raised
+    assert allocator.fractions == {0: [0.25, 1.0], 1: [0.5, 1.0]}
+    assert "GPU 0 fraction 0.250 of 80.0 GB" in how and "GPU 1 fraction 0.500 of 40.0 GB" in how
+
+
+def test_a_gpu_no_larger_than_the_limit_is_left_alone_and_the_tag_says_which():
+    from kvsweep.cell.memory_limit import memory_limit
+
+    allocator = RecordingAllocator()
+    with memory_limit("cuda", 60.0, gpus=2, allocator=allocator) as how:
+        assert allocator.fractions == {0: [0.75]}
+    assert allocator.fractions == {0: [0.75, 1.0]}
+    assert "GPU 1 not capped" in how and "GPU 0 fraction 0.750" in how

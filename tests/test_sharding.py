@@ -149,6 +149,32 @@ def test_llama_70b_is_planned_over_two_80gb_gpus_and_not_one(capsys):
     assert f"peak {max(GPU0, GPU1) / 2**20:10.1f} MiB" in two
 
 
+def test_a_compiled_cell_over_two_gpus_is_planned_skipped_with_the_reason_and_one_gpu_still_compiles(capsys):
+    """Inductor refuses CUDA graphs for a graph spanning devices; the cell would fail its CUDA-graph check after
+    compiling and measuring, so the plan skips it before it costs anything."""
+    grid = [
+        "grid.models=[llama-3.1-70b]",
+        "grid.dtypes=[bfloat16]",
+        "grid.context_lengths=[1024]",
+        "grid.batch_sizes=[1]",
+        "grid.max_new_tokens=[16]",
+        "grid.caches=[static]",
+        "grid.compile=[false,true]",
+        "device=cuda",
+        "planner.device_memory_gb=80",
+        "dry_run=true",
+    ]
+    assert main([*grid, "ray.gpus_per_cell=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    compiled = next(line for line in lines if line.startswith("static+compile ctx1024"))
+    plain = next(line for line in lines if line.startswith("static ctx1024"))
+    assert "skip: compile=true over 2 GPUs" in compiled and "CUDA graph" in compiled, compiled
+    assert "skip" not in plain and "2 GPUs" in plain, plain
+    assert main([*grid, "grid.models=[llama-3.1-8b]", "ray.gpus_per_cell=1"]) == 0
+    one = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("static+compile ctx1024"))
+    assert "compile=true over" not in one, one
+
+
 @pytest.fixture
 def tied_checkpoint(tmp_path):
     """A saved tiny Llama whose head is tied to its embeddings: loaded through `from_pretrained(device_map=...)`."""

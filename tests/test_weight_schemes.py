@@ -220,7 +220,7 @@ def test_in_place_quantization_is_from_pretrained(preset: Preset, dtype: torch.d
     model = built(preset, dtype)
     model.save_pretrained(tmp_path, safe_serialization=True)
     loaded = AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=dtype, quantization_config=quantization_config(weight_scheme(scheme))
+        tmp_path, dtype=dtype, quantization_config=quantization_config(weight_scheme(scheme), dtype)
     ).eval()
     quantize_built_model(model, weight_scheme(scheme))
 
@@ -263,19 +263,21 @@ def test_unknown_scheme_is_one_line() -> None:
 
 
 def test_quantization_configs() -> None:
-    from transformers import BitsAndBytesConfig, QuantoConfig
+    from transformers import QuantoConfig
 
-    assert quantization_config(weight_scheme("quanto-int4")).weights == "int4"
-    assert isinstance(quantization_config(weight_scheme("quanto-int8")), QuantoConfig)
-    if "bitsandbytes" in sys.modules or _installed("bitsandbytes"):
-        nf4 = quantization_config(weight_scheme("bnb-nf4"))
-        assert isinstance(nf4, BitsAndBytesConfig) and nf4.bnb_4bit_quant_type == "nf4" and nf4.load_in_4bit
+    assert quantization_config(weight_scheme("quanto-int4"), torch.bfloat16).weights == "int4"
+    assert isinstance(quantization_config(weight_scheme("quanto-int8"), torch.bfloat16), QuantoConfig)
 
 
-def _installed(package: str) -> bool:
-    import importlib.util
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_bnb_nf4_computes_in_the_cells_dtype_not_float32(dtype: torch.dtype) -> None:
+    """Left unset, Transformers would set float32 and bitsandbytes would cast every forward to it."""
+    from transformers import BitsAndBytesConfig
 
-    return importlib.util.find_spec(package) is not None
+    nf4 = quantization_config(weight_scheme("bnb-nf4"), dtype)
+    assert isinstance(nf4, BitsAndBytesConfig) and nf4.bnb_4bit_quant_type == "nf4" and nf4.load_in_4bit
+    assert nf4.bnb_4bit_compute_dtype == dtype
+    assert nf4.to_dict()["bnb_4bit_compute_dtype"] == str(dtype).removeprefix("torch.")  # as a checkpoint saves it
 
 
 # --- checkpoints quantized already ---------------------------------------------------------------------------------

@@ -137,6 +137,9 @@ def test_a_cpu_sweep_measures_each_weights_and_cache_pair_and_predicts_its_weigh
     int8 = by[("quanto-int8", "dynamic")].metrics["weights_bytes"]
     assert full / 4 < int8 < full * 0.6
     assert by[("quanto-int8", "dynamic")].metrics["kv_cache_bytes"] == by[("none", "dynamic")].metrics["kv_cache_bytes"]
+    # a decode step reads the weights as stored: int8 cells read less by exactly the bytes their weights shed
+    decode = {w: by[(w, "dynamic")].metrics["decode_bytes_per_token"] for w in ("none", "quanto-int8")}
+    assert decode["none"] - decode["quanto-int8"] == full - int8
     report = (run.run_dir / "report" / "selection.md").read_text()
     assert "## Weights x KV cache" in report and "| quanto-int8 |" in report
     strategy = get_strategy("quantized-quanto-int4")

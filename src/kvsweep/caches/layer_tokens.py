@@ -79,8 +79,9 @@ def offloaded_kv_bytes(
 
 
 def device_kv_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """Of what the cache holds, the bytes on the device: all of it, or for an offloaded cache the layers it
-    keeps there and the largest `device_layers` of those it moves (the one in use and the one prefetched)."""
+    """Of what the cache holds, the bytes on the device at a decode step's peak: all of it, or for an offloaded
+    cache the layers it keeps there and the largest `device_layers` of those it moves (the one in use and the one
+    prefetched). What the planner fits a GPU with."""
     held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
     states = state_bytes(shape, batch, dtype)
     if strategy.device_layers is None:
@@ -88,6 +89,22 @@ def device_kv_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: s
     moved = sorted((b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w)), reverse=True)
     resident = sum(b for b, w in zip(held, windows(shape), strict=True) if not offloads(strategy, w))
     return resident + states + sum(moved[: strategy.device_layers])
+
+
+def returned_device_kv_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int
+) -> int:
+    """Of what the cache holds when `generate` returns, the bytes on the device (the measured
+    `kv_cache_device_bytes`): all of it, or for an offloaded cache the layers it keeps there and one it moves.
+    The last layer's update prefetches the first moved layer (circling back) and then offloads itself, so
+    after the call that first moved layer, in layer order, is the one on the device."""
+    held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
+    states = state_bytes(shape, batch, dtype)
+    if strategy.device_layers is None:
+        return sum(held) + states
+    moved = [b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w)]
+    resident = sum(b for b, w in zip(held, windows(shape), strict=True) if not offloads(strategy, w))
+    return resident + states + (moved[0] if moved else 0)
 
 
 def quantizable(shape: KvDims) -> bool:

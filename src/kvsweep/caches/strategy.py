@@ -154,12 +154,6 @@ class CacheStrategy:
         """Bytes the cache holds after the prompt and `decoded` decode steps (offloaded: host plus device)."""
         return self.stored_bytes(self, shape, batch, dtype, prompt, decoded)
 
-    def kv_device_bytes(self, stored: int, layers: int) -> int:
-        """Of the `stored` bytes, those on the device: all, or `device_layers` layers' worth when offloading."""
-        if self.device_layers is None:
-            return stored
-        return stored * self.device_layers // max(layers, 1)
-
     def generation_options(self) -> dict[str, Any]:
         """Fresh `GenerationConfig` fields for one call (generate mutates `cache_config` in place)."""
         if self.implementation is None:

@@ -16,9 +16,10 @@ own, `ray.fork_cells=false`) leaves nothing behind.
 import ctypes
 import re
 import resource
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -32,32 +33,59 @@ OWN_MAPPING_BYTES = 128 * 1024  # glibc's initial mmap threshold, held fixed
 
 
 @contextmanager
-def memory_limit(device: str, limit_gb: float) -> Iterator[str | None]:
+def memory_limit(
+    device: str, limit_gb: float, gpus: int = 1, allocator: "CudaAllocator | None" = None
+) -> Iterator[str | None]:
     """Limits the device's memory for the with-block; yields how (the `kvsweep.memory_limit` tag), or None
-    when no limit is set."""
+    when no limit is set. `gpus`: the CUDA devices the cell holds (0..gpus-1, all it sees), each capped."""
     if limit_gb <= 0:
         yield None
     elif device == "cuda":
-        with cuda_fraction(int(limit_gb * GB)) as how:
+        with cuda_fraction(int(limit_gb * GB), range(max(1, gpus)), allocator or TorchAllocator()) as how:
             yield how
     else:
         with data_segment_limit(int(limit_gb * GB)) as how:
             yield how
 
 
+class CudaAllocator(Protocol):
+    """What the CUDA cap needs of torch: each device's size, and its caching allocator's fraction. A seam: a
+    split cell's every GPU is capped, which CPU tests check with an allocator that records what it was told."""
+
+    def total_memory(self, index: int) -> int: ...
+
+    def set_fraction(self, fraction: float, index: int) -> None: ...
+
+
+class TorchAllocator:
+    def total_memory(self, index: int) -> int:
+        return torch.cuda.get_device_properties(index).total_memory
+
+    def set_fraction(self, fraction: float, index: int) -> None:
+        torch.cuda.set_per_process_memory_fraction(fraction, index)
+
+
 @contextmanager
-def cuda_fraction(limit_bytes: int) -> Iterator[str]:
-    """The caching allocator capped at limit/total of the cell's GPU (`start_device` has started CUDA)."""
-    index = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(index).total_memory
-    if limit_bytes >= total:
-        yield f"cuda limit {limit_bytes / GB:.2f} GB is not below the device's {total / GB:.1f} GB: not capped"
-        return
-    torch.cuda.set_per_process_memory_fraction(limit_bytes / total, index)
+def cuda_fraction(limit_bytes: int, indices: Iterable[int], allocator: CudaAllocator) -> Iterator[str]:
+    """The caching allocator of every GPU the cell holds capped at limit/total of that GPU (`start_device` has
+    started CUDA): torch applies a fraction to one device only, and a split cell's fullest GPU is often its
+    last (the head and the logits), so capping the first alone would let the cell use memory it claims not to
+    have. Every cap set is lifted on the way out."""
+    capped: list[int] = []
+    said: list[str] = []
     try:
-        yield f"cuda fraction {limit_bytes / total:.3f} of {total / GB:.1f} GB"
+        for index in indices:
+            total = allocator.total_memory(index)
+            if limit_bytes >= total:
+                said.append(f"GPU {index} not capped: {limit_bytes / GB:.2f} GB is not below its {total / GB:.1f} GB")
+                continue
+            allocator.set_fraction(limit_bytes / total, index)
+            capped.append(index)
+            said.append(f"GPU {index} fraction {limit_bytes / total:.3f} of {total / GB:.1f} GB")
+        yield f"cuda limit {limit_bytes / GB:.2f} GB a GPU: " + "; ".join(said)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, index)
+        for index in capped:
+            allocator.set_fraction(1.0, index)
 
 
 @contextmanager

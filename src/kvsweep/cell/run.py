@@ -92,7 +92,8 @@ def run_cell(
         result.environment.update(describe_device(protocol.device))
         if protocol.device_memory_limit_gb > 0:
             device_bandwidth(protocol.device)  # our probe's two buffers (per process): before the limit, not under it
-        with memory_limit(protocol.device, protocol.device_memory_limit_gb) as applied:  # lifted before the result
+        limit = protocol.device_memory_limit_gb
+        with memory_limit(protocol.device, limit, protocol.gpus) as applied:  # lifted before the result
             if applied is not None:
                 result.tags[ResultTag.MEMORY_LIMIT] = applied
             phase = on_phase or (lambda _: None)

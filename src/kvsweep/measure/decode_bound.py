@@ -3,6 +3,7 @@
 from typing import Any
 
 from kvsweep.measure.bandwidth import Bandwidth
+from kvsweep.models.weight_schemes import stored_bytes
 from kvsweep.names import Metric
 
 # A utilization above this is impossible for bytes that must come from memory (5% for timer and
@@ -12,13 +13,29 @@ FROM_MEMORY_FACTOR = 4
 
 
 def decode_weight_bytes(model: Any) -> int:
-    """Parameter bytes a decode step reads: every matrix once, but only a few rows of an untied
-    input embedding (a lookup, not a read of the whole table)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights count once
-    embedding = model.get_input_embeddings().weight
+    """Weight bytes a decode step reads: every matrix once, as stored, but only a few rows of an untied
+    input embedding (a lookup, not a read of the whole table).
+
+    As stored, not `numel() * element_size()`: a quantized weight (quanto's int8/int4, torchao's int4) is a
+    tensor subclass that keeps its original shape and the dtype of its scales, so its nominal size is 2-8x
+    what memory holds and a decode step reads. `stored_bytes` counts the storages beneath (payload, scales,
+    shifts; bitsandbytes' quant state), and the persistent buffers a pre-quantized checkpoint keeps its
+    packed weights in; tied weights count once."""
+    embedding_module = model.get_input_embeddings()
     output = model.get_output_embeddings()
-    tied = output is not None and output.weight.data_ptr() == embedding.data_ptr()
-    return total if tied else total - embedding.numel() * embedding.element_size()
+    tied = output is not None and _same_storage(output.weight, embedding_module.weight)
+    total = stored_bytes(model)
+    return total if tied else total - stored_bytes(embedding_module)
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    """Tied: one tensor, or two views of one storage (a quantized subclass may have no storage of its own)."""
+    if a is b:
+        return True
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
 
 
 def bandwidth_metrics(

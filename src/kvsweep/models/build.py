@@ -39,7 +39,7 @@ def build_model(
         if scheme is not None:
             quantize_built_model(model, scheme)
     else:
-        source, options = load_options(ref, scheme)
+        source, options = load_options(ref, scheme, torch_dtype)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, device_map=device, trust_remote_code=trust_remote_code, **options
         )
@@ -48,12 +48,13 @@ def build_model(
     return model
 
 
-def load_options(ref: ModelRef, scheme: WeightScheme | None) -> tuple[str, dict[str, Any]]:
-    """What `from_pretrained` loads a checkpoint from, and how: the weight quantization asked for, or for a GGUF file
-    its name and its weights dequantized into the dtype asked for (`models/gguf_source.py`)."""
+def load_options(ref: ModelRef, scheme: WeightScheme | None, dtype: torch.dtype) -> tuple[str, dict[str, Any]]:
+    """What `from_pretrained` loads a checkpoint from, and how: the weight quantization asked for (computing in
+    `dtype`), or for a GGUF file its name and its weights dequantized into the dtype asked for
+    (`models/gguf_source.py`)."""
     source, gguf = pretrained_args(ref)
     if scheme is not None:
-        return source, {**gguf, "quantization_config": quantization_config(scheme)}  # GGUF: Transformers refuses
+        return source, {**gguf, "quantization_config": quantization_config(scheme, dtype)}  # GGUF: Transformers refuses
     return source, {**gguf, **(dequantizing() if gguf else {})}
 
 

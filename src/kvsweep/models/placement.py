@@ -105,7 +105,7 @@ def build_split_model(
     if ref.kind != "preset":
         meta = meta_model(config)
         placed = device_map(meta, decoder_layers(meta, layers), split.loads, split.devices)
-        source, options = load_options(ref, scheme)
+        source, options = load_options(ref, scheme, dtype)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, device_map=placed, trust_remote_code=trust_remote_code, **options
         )

@@ -11,7 +11,7 @@ from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_layout import WeightLayout
 from kvsweep.models.weight_schemes import scheme_problem
-from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_stored_kv_bytes
+from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_returned_device_kv_bytes, cell_stored_kv_bytes
 from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
 from kvsweep.plan.triton_launcher import launcher_problem
@@ -26,6 +26,7 @@ class PlannedCell:
     kv_stored_bytes: int | None = None
     memory: MemoryEstimate | None = None  # predicted device memory (when the model's size is known)
     offload: OffloadEstimate | None = None  # offloaded caches on CUDA: host memory and transfer time
+    kv_device_bytes: int | None = None  # of kv_stored_bytes, those on the device when `generate` returns
 
     @property
     def runs(self) -> bool:
@@ -62,16 +63,19 @@ def plan_cell(
     driver, not where cells run.
     """
     strategy = get_strategy(cell.cache)
-    dense = stored = memory = None
+    dense = stored = on_device = memory = None
     if shape is not None:
         dense = cell_dense_kv_bytes(cell, shape)
         stored = cell_stored_kv_bytes(cell, shape)
+        on_device = cell_returned_device_kv_bytes(cell, shape)
     split = gpus if device == "cuda" else 1
     reason = skip_reason(cell, device, shape, is_installed, toolchain, launcher)
     if reason is None and shape is not None and split > shape.layers:
         reason = (
             f"{shape.layers} decoder layers cannot be split over {split} GPUs (ray.gpus_per_cell): one each at least"
         )
+    if reason is None and cell.compile and split > 1:
+        reason = compiled_split_problem(split)
     if shape is not None and parameters is not None and split <= shape.layers:
         memory = estimate_peak(cell, strategy, shape, parameters, split, layout)
     gpu_known = device == "cuda" and bool(device_bytes) and skip_predicted_oom
@@ -86,7 +90,17 @@ def plan_cell(
         offload = estimate_offload(cell, strategy, shape, host.link_gbps, host.protocol)
         if reason is None and offload is not None and skip_predicted_oom:
             reason = offload_problem(offload, host.timeout_s, host.memory_bytes)
-    return PlannedCell(cell, reason, dense, stored, memory, offload)
+    return PlannedCell(cell, reason, dense, stored, memory, offload, on_device)
+
+
+def compiled_split_problem(gpus: int) -> str:
+    """A compiled cell over several GPUs could only fail: Inductor refuses CUDA graphs for a graph whose tensors
+    span devices (it counts a skip), and a compiled cell without its CUDA graphs fails its check after paying
+    for the compile and the measuring. Planned as skipped instead, before any GPU time is spent."""
+    return (
+        f"compile=true over {gpus} GPUs (ray.gpus_per_cell): Inductor records no CUDA graph spanning devices, "
+        "so the compiled cell could only fail its CUDA-graph check; compile runs with ray.gpus_per_cell=1"
+    )
 
 
 def skip_reason(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvsweep.caches import CacheStrategy, get_strategy
 from kvsweep.caches.accounting import attended_bytes, dense_kv_bytes
-from kvsweep.caches.layer_tokens import device_kv_bytes, offloaded_kv_bytes, state_bytes
+from kvsweep.caches.layer_tokens import device_kv_bytes, offloaded_kv_bytes, returned_device_kv_bytes, state_bytes
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 
@@ -86,10 +86,22 @@ def cell_stored_kv_bytes(cell: Cell, shape: KvShape) -> int:
 
 
 def cell_device_kv_bytes(cell: Cell, shape: KvShape) -> int:
-    """Of what the cell's cache holds when `generate` returns, the bytes on the device: all of it, or for an
-    offloaded cache the layers it keeps there and the `device_layers` largest of those it moves."""
+    """Of what the cell's cache holds, the bytes on the device at a decode step's peak: all of it, or for an
+    offloaded cache the layers it keeps there and the `device_layers` largest of those it moves (the memory the
+    planner fits the GPU with)."""
     strategy = get_strategy(cell.cache)
     if not strategy.offloading:
         return cell_stored_kv_bytes(cell, shape)
     decoded = cell.max_new_tokens - 1
     return device_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, decoded)
+
+
+def cell_returned_device_kv_bytes(cell: Cell, shape: KvShape) -> int:
+    """Of what the cell's cache holds when `generate` returns, the bytes on the device: the moment
+    `kv_cache_device_bytes` is read, so `predicted_kv_device_bytes` is this (an offloaded cache: one moved layer
+    there, not the two of a decode step's peak)."""
+    strategy = get_strategy(cell.cache)
+    if not strategy.offloading:
+        return cell_stored_kv_bytes(cell, shape)
+    decoded = cell.max_new_tokens - 1
+    return returned_device_kv_bytes(strategy, shape, cell.batch_size, cell.dtype, cell.context_length, decoded)

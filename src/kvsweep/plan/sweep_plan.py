@@ -174,7 +174,8 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
         m = planned.memory
         metrics[Metric.PREDICTED_PEAK_DEVICE_MEM_BYTES] = float(m.peak_bytes)
         metrics[Metric.PREDICTED_WEIGHTS_BYTES] = float(m.weights_bytes)
-        metrics[Metric.PREDICTED_KV_DEVICE_BYTES] = float(m.kv_device_bytes)
+    if planned.kv_device_bytes is not None:  # when `generate` returns, as `kv_cache_device_bytes` is read
+        metrics[Metric.PREDICTED_KV_DEVICE_BYTES] = float(planned.kv_device_bytes)
     if planned.offload is not None:
         metrics[Metric.PREDICTED_KV_HOST_BYTES] = float(planned.offload.host_bytes)
         metrics[Metric.PREDICTED_TRANSFER_S_PER_TOKEN] = planned.offload.seconds_per_token
