@@ -264,16 +264,17 @@ def test_a_sweep_started_before_the_capacity_keys_resumes_under_the_same_key():
     import json
     from dataclasses import asdict
 
-    from kvsweep.driver.sweep import sweep_key
+    from kvsweep.driver.sweep_identity import sweep_key
 
     cfg = compose_config([]).config
     whole = asdict(cfg)
-    # The key as it was before search, slo and the memory limit existed (and before quality_trials).
+    # The key as it was before search, slo and the memory limit existed (and before quality_trials); the
+    # measurement revision (`test_sweep_identity.py`) is another matter.
     measure = {k: v for k, v in whole["measure"].items() if k not in ("quality_trials", "device_memory_limit_gb")}
     before = {k: whole[k] for k in ("name", "grid", "device", "trust_remote_code")}
     before |= {"measure": measure, "experiment": cfg.mlflow.experiment}
-    assert sweep_key(cfg) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    assert sweep_key(cfg, 1) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
     changed = {
-        sweep_key(compose_config([o]).config) for o in ("measure.device_memory_limit_gb=24", "search.batch=true")
+        sweep_key(compose_config([o]).config, 1) for o in ("measure.device_memory_limit_gb=24", "search.batch=true")
     }
-    assert sweep_key(cfg) not in changed and len(changed) == 2  # a search or a limit is another sweep
+    assert sweep_key(cfg, 1) not in changed and len(changed) == 2  # a search or a limit is another sweep

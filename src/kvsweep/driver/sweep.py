@@ -3,8 +3,6 @@
 Modules are used in the data's direction only; this file wires them and owns the exit code.
 """
 
-import hashlib
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -17,6 +15,7 @@ from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_end import finish
+from kvsweep.driver.sweep_identity import earlier_revisions, left_parent_note, sweep_key
 from kvsweep.errors import first_line
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.model_names import display_names
@@ -36,30 +35,10 @@ if TYPE_CHECKING:
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.templates import Templates
     from kvsweep.models.facts import ModelFacts
+    from kvsweep.tracking.client import SweepTracker
     from kvsweep.tracking.sink import MlflowSink
 
 T = TypeVar("T")
-LATER_MEASURE_KEYS = ("quality_trials", "device_memory_limit_gb")  # not in the first sweeps' keys
-
-
-def sweep_key(cfg: KvSweepConfig) -> str:
-    """Identity of "the same sweep" for resume: what is measured and where it is logged, not how it is run.
-
-    The inputs', search's and SLO's keys, and the measure keys added later, count only where they differ
-    from the schema's defaults, so a sweep started before they existed resumes under the same key (its
-    text-fed cells, if any, have new cell ids anyway)."""
-    whole, defaults = asdict(cfg), asdict(KvSweepConfig())
-    identity = {k: whole[k] for k in ("name", "grid", "measure", "device", "trust_remote_code")}
-    identity["experiment"] = cfg.mlflow.experiment
-    for key in ("search", "slo"):  # only where a search is asked for: older sweeps keep their keys
-        if whole[key] != defaults[key]:
-            identity[key] = whole[key]
-    if whole["inputs"] != defaults["inputs"]:
-        identity["inputs"] = whole["inputs"]
-    identity["measure"] = {  # keys added since sweeps were first keyed count only where they are set
-        k: v for k, v in whole["measure"].items() if k not in LATER_MEASURE_KEYS or v != defaults["measure"][k]
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_sweep(
@@ -256,12 +235,16 @@ class SweepRun:
         journal = Journal(self.run_dir)
         journal.write_header(header)
         sink = MlflowSink(SweepTracker(self.tracking_uri, header.experiment), journal, header, self.say)
-        self._tracking = Tracking(header, journal, sink, sink.open(resume=not cfg.rerun))
+        done = sink.open(resume=not cfg.rerun)
+        self._tracking = Tracking(header, journal, sink, done)
+        left = None if cfg.rerun or done or sink.down else older_parent(sink.tracker, cfg)
         self.say(
             f"sweep {cfg.name}: {what_runs(planned)} on {device}; "
             f"trust_remote_code={cfg.trust_remote_code}; "
             f"MLflow {redact_uri(self.tracking_uri)} parent run {sink.parent_run_id or '(pending)'}"
         )
+        if left is not None:
+            self.say(left_parent_note(*left))
 
     def prefetch(self) -> None:
         """Hub models the pending cells need are fetched now, once per node (`driver/hub_prefetch.py`): the
@@ -473,6 +456,18 @@ class SweepRun:
             )
             return interrupts.exit_code
         return None
+
+
+def older_parent(tracker: "SweepTracker", cfg: KvSweepConfig) -> tuple[int, str] | None:
+    """The parent an earlier kvsweep measured this sweep under (its revision and run id), not resumed: the first
+    lines say so. None when there is none, or MLflow cannot say (the sink reports an MLflow problem itself)."""
+    try:
+        for revision, key in earlier_revisions(cfg):
+            if (found := tracker.find_sweep(key)) is not None:
+                return revision, found
+    except Exception:  # only a note: an unreachable MLflow is the sink's to report
+        return None
+    return None
 
 
 def what_runs(planned: Planned) -> str:
