@@ -5,7 +5,11 @@
 # into a bug report: per cell the cache class generate really used, the per-repeat device peaks, its CPUs.
 # Before any sweep: a Python >= pyproject's requires-python, a torch build the driver can run (installed
 # from PyTorch's index for it: scripts/torch_for_driver.py) and proof that it starts CUDA. After the sweep,
-# one cell whose CUDA is made to fail must come back as an error that says so.
+# one cell whose CUDA is made to fail must come back as an error that says so. What only a GPU shows is
+# checked from every cell's record (scripts/smoke_gpu_readings.py): NVML started afresh in each forked cell,
+# joules per token (the GPU offering no energy counter is said, not failed; the repeats' spread is said),
+# each CPU slot on the NUMA node its GPU hangs off, and in the two-GPU sweep both GPUs' UUIDs, a sharing
+# probe of each and their energies summed.
 # Exits non-zero when a cell that was not skipped failed or a check of scripts/smoke_summary.py fails.
 # OUT=/abs/or/relative/folder picks where results go (default outputs/gpu_smoke).
 # TORCH_INDEX_URL (a mirror, or another build) and TORCH_SPEC (default: torch) override the torch install.

@@ -28,7 +28,12 @@ Exits 1 when any of these is found (each is one problem):
 - with --expect-split FOLDER: the sweep there, run with `ray.gpus_per_cell=2`, has no cell that ran
   with its model on one GPU: each must record its placement (`kvsweep.placement`, `placement` in its
   samples) and a peak for each of its GPUs in every repeat, the largest equal to its
-  `peak_device_mem_bytes` (each GPU's measured peak is printed beside the planner's prediction).
+  `peak_device_mem_bytes` (each GPU's measured peak is printed beside the planner's prediction); and
+  both GPUs' UUIDs, a sharing probe of each, and (where the GPUs have energy counters) both GPUs' energy
+  summed into `joules_per_token` (scripts/smoke_gpu_readings.py);
+- on CUDA, what only a GPU shows (scripts/smoke_gpu_readings.py): a forked cell whose NVML could not start
+  afresh, a `joules_per_token` missing for another reason than a GPU without the counter (a repeats'
+  spread over 20% is said, not counted), a CPU slot not on the NUMA node its GPU hangs off.
 Compiled cells planned skipped because Triton's launcher cannot be built here are counted.
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER [--setup TEXT] [--expect-cuda-init-error FOLDER]
        [--expect-weights FOLDER] [--expect-split FOLDER]
@@ -41,6 +46,8 @@ import time
 from collections import Counter
 from itertools import combinations
 from pathlib import Path
+
+from smoke_gpu_readings import gpu_line, numa_problems, split_energy_text, split_gpu_mismatch
 
 from kvsweep.cell.cpu_slots import SLOT
 from kvsweep.grid import strategy_label
@@ -124,6 +131,9 @@ def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
         text, found = compile_counts(result, on_cuda)
         line += text
         problems += found and result.status == OK  # a cell that failed on it is already counted
+    if on_cuda and result.status == OK and made_in_cell(result):  # NVML's readings: energy, NVML after fork
+        text, found = gpu_line(result)
+        line, problems = line + text, problems + found
     if made_in_cell(result):
         env = result.environment
         line += f" | cpus {env.get('cpus', '-')} ({env.get('cpus_from', '-')}) threads {env.get('torch_threads')}"
@@ -299,13 +309,14 @@ def split_problems(folder: Path) -> int:
     for result in results:
         placement = result.samples.get("placement") or {}
         each = [call.get("peak_device_mem_bytes_per_gpu") or [] for call in result.samples.get("repeats", [])]
-        wrong = split_mismatch(result, placement, each)
-        problems += wrong is not None
+        wrong = split_mismatch(result, placement, each) or split_gpu_mismatch(result)
+        readings, found = gpu_line(result) if result.status == OK else ("", 0)
+        problems += (wrong is not None) + found
         predicted = " + ".join(f"{b / MIB:.0f}" for b in placement.get("predicted_peak_bytes", []))
         measured = " + ".join(f"{b / MIB:.0f}" for b in (each[-1] if each else []))
         print(
             f"two GPUs per cell: {_label(result)} {result.status} layers {result.tags.get(ResultTag.PLACEMENT)}; "
-            f"peak MiB per GPU {measured or '-'} (predicted {predicted or '-'}) "
+            f"peak MiB per GPU {measured or '-'} (predicted {predicted or '-'}){split_energy_text(result)}{readings} "
             f"({'as it should' if wrong is None else wrong})"
         )
     return problems
@@ -361,6 +372,11 @@ def main(argv: list[str]) -> int:
         for problem in threads:
             print(f"THREADS: {problem}")
         failures += len(threads)
+        numa_line, numa = numa_problems(running)
+        print(numa_line)
+        for problem in numa:
+            print(f"NUMA SLOT: {problem}")
+        failures += len(numa)
     print(f"compiled cells skipped for the toolchain: {toolchain_skips(results)}")
     failures += forked_problems(results)
     if args.expect_cuda_init_error:

@@ -78,9 +78,10 @@ def test_a_niced_cell_yields_to_anyone_so_any_other_work_counts():
 
 def test_gpu_and_host_evidence_merge_into_one_verdict():
     clean = ("false", "host 0.01, steal 0.00")
-    assert merge(clean, gpu_verdict("true", [5678, 1234])) == ("true", "host 0.01, steal 0.00; gpu pids 1234,5678")
-    assert merge(clean, gpu_verdict("unknown", []))[0] == "unknown"
-    assert merge(("true", "host 0.62, steal 0.00"), gpu_verdict("unknown", []))[0] == "true"
+    seen = gpu_verdict("true", {"GPU-a": [5678, 1234]})
+    assert merge(clean, seen) == ("true", "host 0.01, steal 0.00; gpu pids 1234,5678")
+    assert merge(clean, gpu_verdict("unknown", {}))[0] == "unknown"
+    assert merge(("true", "host 0.62, steal 0.00"), gpu_verdict("unknown", {}))[0] == "true"
     assert merge(clean, None) == clean
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import burner_on
 from kvsweep.cell.cpu_slots import AFFINITY, SLOT, CpuPlace, CpuSlots, cores_to_ask, read_places, shared
+from kvsweep.cell.nvml_restart import restart_nvml
 from kvsweep.grid import Cell, MeasureProtocol
 
 ALIVE = 4242  # an owner pid the tests' `alive` says is running
@@ -119,6 +120,39 @@ def test_a_slot_stays_on_one_numa_node_when_it_can():
     assert slots.take(1, ALIVE).cpus == (3,)
 
 
+def two_socket_node() -> list[CpuPlace]:
+    """A two-socket 8-GPU node, 8 cores a socket: CPUs 0-7 on NUMA node 0 (GPUs 0-3), 8-15 on node 1 (GPUs 4-7)."""
+    return [CpuPlace(cpu // 8, (cpu // 8, cpu % 8), cpu) for cpu in range(16)]
+
+
+def test_a_cell_on_the_second_sockets_gpu_gets_that_sockets_cores():
+    slots = CpuSlots(two_socket_node(), always_alive)
+    on_gpu_5 = slots.take(2, ALIVE, near=1)
+    assert on_gpu_5.cpus == (8, 9) and on_gpu_5.near == 1  # not (0, 1), across the socket link
+    assert slots.take(2, ALIVE, near=0).cpus == (0, 1)
+    assert slots.take(2, ALIVE, near=1).cpus == (10, 11)
+
+
+def test_eight_cells_of_a_two_socket_node_each_sit_on_their_gpus_socket():
+    slots = CpuSlots(two_socket_node(), always_alive)
+    by_gpu = {gpu: slots.take(2, ALIVE + gpu, near=gpu // 4).cpus for gpu in (7, 0, 5, 2, 4, 1, 6, 3)}
+    assert all({cpu // 8 for cpu in cpus} == {gpu // 4} for gpu, cpus in by_gpu.items()), by_gpu
+
+
+def test_where_the_gpus_node_is_unknown_slots_come_as_before():
+    slots = CpuSlots(two_socket_node(), always_alive)
+    assert [slots.take(2, ALIVE, near=-1).cpus for _ in range(5)] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+
+
+def test_a_full_gpu_socket_lends_the_other_sockets_cores():
+    slots = CpuSlots(two_socket_node(), always_alive)
+    for _ in range(4):
+        slots.take(2, ALIVE, near=1)  # node 1 full
+    fallback = slots.take(2, ALIVE, near=1)
+    assert fallback.cpus == (0, 1) and fallback.source == SLOT  # a slot of its own still, on node 0
+    assert slots.take(3, ALIVE, near=1).cpus == (2, 3, 4)  # still one node where it can
+
+
 def test_cuda_cells_ask_for_the_cpus_ray_reserved_and_cpu_cells_for_none():
     assert cores_to_ask("cuda", 2.0, 2) == (2, "")  # Ray's assignment to the actor
     assert cores_to_ask("cuda", None, 3) == (3, "")  # else the driver's cpus_per_cell
@@ -209,6 +243,10 @@ def test_sibling_cuda_cells_on_their_own_cores_are_not_each_others_contention(ce
     results = run_together("cuda")
     assert sorted(r["environment"]["cpus_from"] for r in results) == [SLOT, SLOT]
     assert verdicts(results) == {str(CPUS[0]): "false", str(CPUS[1]): "false"}, shares(results)
+    # Each forked CUDA cell started NVML afresh, and came to what this process comes to (here: no NVML
+    # library, so why not); with no GPU from Ray, its slot was asked to sit on no node in particular.
+    assert [r["environment"]["nvml"] for r in results] == [restart_nvml()] * 2
+    assert [r["environment"]["cpus_near_numa_node"] for r in results] == [-1, -1]
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="two cells on disjoint cores need two CPUs")
@@ -230,4 +268,5 @@ def test_cpu_cells_keep_metering_every_core_and_so_see_each_other(cell_template)
     every = ",".join(map(str, CPUS))
     assert [(r["environment"]["cpus"], r["environment"]["cpus_from"]) for r in results] == [(every, AFFINITY)] * 2
     assert set(verdicts(results).values()) == {"true"}
+    assert not any("nvml" in r["environment"] for r in results)  # a CPU cell never touches NVML
     assert all(r["metrics"]["host_other_cpu_share"] > 0.2 for r in results)  # about 1/2 while they overlap

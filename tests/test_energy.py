@@ -1,22 +1,32 @@
 """Joules per token: the arithmetic through the meter's counter seam, and why a figure is missing.
 
-The counter is a function returning millijoules, passed in (NVML's on a GPU); the measured phase is the
-real `measure_phase` with its call, meter and sleep scripted, so every figure is worked out by hand.
-A real CPU cell's "unknown" tag is checked through `run_cell` in test_memory_limit.py.
+The counter is a function returning each GPU's millijoules, passed in (NVML's on a GPU); the measured
+phase is the real `measure_phase` with its call, meter and sleep scripted, so every figure is worked out
+by hand. NVML's own counter is read through a stand-in for its bindings (`fake_nvml.py`): a cell over two
+GPUs sums both. A real CPU cell's "unknown" tag is checked through `run_cell` in test_memory_limit.py.
 """
 
 import pytest
 import torch
 
-from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_tokens
+from fake_nvml import FakeGpu, FakeNvml
+from kvsweep.measure.energy import (
+    NO_COUNTER,
+    NVML_DID_NOT_START,
+    EnergyMeter,
+    nvml_energy_counter,
+    phase_energy,
+    phase_tokens,
+)
 from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.measure.timing import TokenTimes
 from test_sampling import BUSY, QUIET, ScriptedMeter  # what others took of the CPUs, scripted per call
 
 
 def readings(*values):
+    """One GPU's counter, reading `values` in turn."""
     script = iter(values)
-    return lambda: next(script)
+    return lambda: (next(script),)
 
 
 def test_joules_per_token_is_the_counters_difference_over_the_tokens():
@@ -34,7 +44,7 @@ class Gpu:
         self.calls = 0
 
     def read(self):
-        return self.mj
+        return (self.mj,)
 
     def call(self):
         self.mj += 300_000
@@ -93,11 +103,13 @@ def test_a_counter_that_fails_or_goes_backwards_gives_no_figure():
 
 
 def test_nvml_is_asked_only_for_a_cuda_device_and_found_by_uuid():
-    assert nvml_energy_counter("cpu", None) == "NVML's energy counter needs a CUDA device; this cell ran on cpu"
-    assert "UUID" in nvml_energy_counter("cuda", None)
-    # No GPU answers to this UUID, here (no NVML library) or on a GPU host (no such device).
-    missing = nvml_energy_counter("cuda", "GPU-00000000-0000-0000-0000-000000000000")
-    assert isinstance(missing, str) and missing.startswith("NVML has no handle for GPU-00000000")
+    assert nvml_energy_counter("cpu", ()) == "NVML's energy counter needs a CUDA device; this cell ran on cpu"
+    assert "UUID" in nvml_energy_counter("cuda", ())
+    # Here the real pynvml finds no NVML library: that is NVML not starting, said as such.
+    missing = nvml_energy_counter("cuda", ("GPU-00000000-0000-0000-0000-000000000000",))
+    assert isinstance(missing, str) and missing.startswith(NVML_DID_NOT_START)
+    gpus = FakeNvml([FakeGpu("GPU-a")])
+    assert nvml_energy_counter("cuda", ("GPU-zzz",), gpus) == "NVML has no handle for GPU-zzz: Not Found"
 
 
 def test_tokens_are_counted_over_kept_and_discarded_calls_alike():
@@ -106,3 +118,74 @@ def test_tokens_are_counted_over_kept_and_discarded_calls_alike():
     script = ScriptedMeter([BUSY, QUIET, BUSY, QUIET])
     phase = measure_phase(gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), rules, script, lambda _: None)
     assert phase_tokens(phase, lambda ids: ids.numel()) == 4 * (4 * 32)
+
+
+class SplitCell:
+    """A cell over two GPUs: each call draws 300 J on the first and 100 J on the second (which holds the
+    later layers), each pause 50 J and 10 J; the counters are NVML's, through its bindings' stand-in."""
+
+    def __init__(self, second_counter: bool = True):
+        self.first = FakeGpu("GPU-a", energy_mj=1_000_000)
+        self.second = FakeGpu("GPU-b", energy_mj=5_000_000 if second_counter else None)
+        self.nvml = FakeNvml([self.first, self.second])
+
+    def call(self):
+        self.first.energy_mj += 300_000
+        self.second.energy_mj += 100_000
+        return torch.zeros(4, 32, dtype=torch.long)
+
+    def sleep(self, _seconds):
+        self.first.energy_mj += 50_000
+        self.second.energy_mj += 10_000
+
+
+def test_a_split_cells_energy_is_both_gpus_together():
+    cell = SplitCell()
+    meter = EnergyMeter(nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), cell.nvml))
+    meter.start()
+    phase = measure_phase(
+        meter.each(cell.call),
+        lambda _: TokenTimes(1.0, [1.0], 2.0),
+        guarded(repeats=2, max_discarded=1),
+        ScriptedMeter([BUSY, QUIET, QUIET]),  # the first call discarded, one pause, two kept
+        meter.paused(cell.sleep),
+    )
+    energy = phase_energy(meter, phase, lambda ids: ids.numel())
+    # 3 calls x (300 + 100) J over 3 x 128 tokens; the pause's 60 J left out
+    assert energy.joules_per_gpu == (900.0, 300.0)
+    assert energy.tokens == 3 * 128
+    assert energy.joules_per_token == pytest.approx(1200 / 384)
+    assert energy.joules_per_token_each == pytest.approx((400 / 128, 400 / 128))  # the kept calls, each
+    assert energy.record() == {
+        "joules_per_gpu": [900.0, 300.0],
+        "tokens": 384,
+        "joules_per_token_per_repeat": list(energy.joules_per_token_each),
+    }
+
+
+def test_each_repeats_own_figure_follows_what_it_drew():
+    gpu = Gpu()
+    draws = iter([300_000, 600_000])  # the second call draws twice the first's 300 J
+
+    def call():
+        gpu.mj += next(draws)
+        return torch.zeros(4, 32, dtype=torch.long)
+
+    meter = EnergyMeter(gpu.read)
+    meter.start()
+    rules = guarded(repeats=2, max_discarded=0)
+    phase = measure_phase(meter.each(call), lambda _: TokenTimes(1.0, [1.0], 2.0), rules, ScriptedMeter([QUIET] * 2))
+    energy = phase_energy(meter, phase, lambda ids: ids.numel())
+    assert energy.joules_per_token_each == pytest.approx((300 / 128, 600 / 128))
+    assert energy.joules_per_token == pytest.approx(900 / 256)
+
+
+def test_a_split_cell_whose_second_gpu_has_no_counter_says_which():
+    cell = SplitCell(second_counter=False)
+    found = nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), cell.nvml)
+    assert isinstance(found, str) and found.startswith(f"{NO_COUNTER} GPU-b") and found.endswith("Not Supported")
+
+
+def test_nvml_that_cannot_start_is_told_apart_from_a_gpu_without_the_counter():
+    found = nvml_energy_counter("cuda", ("GPU-a",), FakeNvml([FakeGpu("GPU-a")], starts=False))
+    assert found == f"{NVML_DID_NOT_START}: Driver Not Loaded"

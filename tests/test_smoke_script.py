@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from fake_nvml import FakeGpu, FakeNvml
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.names import Metric, ResultTag
@@ -29,6 +30,7 @@ from kvsweep.tracking.journal import Journal, SweepHeader
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # the smoke script's helpers, imported as they import each other
 import cuda_starts  # noqa: E402
+import smoke_gpu_readings  # noqa: E402
 import smoke_summary  # noqa: E402
 import torch_for_driver as builds  # noqa: E402
 
@@ -194,7 +196,14 @@ def test_cuda_that_does_not_start_is_one_line_naming_driver_and_torch_build():
 # pip or torch (made in milliseconds) whose `pip` only records what it was asked; the node's interpreters
 # and `nvidia-smi` are stand-ins that print what a real node's would.
 
-HELPERS = ("gpu_smoke.sh", "smoke_paths.sh", "smoke_summary.py", "torch_for_driver.py", "cuda_starts.py")
+HELPERS = (
+    "gpu_smoke.sh",
+    "smoke_paths.sh",
+    "smoke_summary.py",
+    "smoke_gpu_readings.py",
+    "torch_for_driver.py",
+    "cuda_starts.py",
+)
 HOST_PYTHONS = ("python3", "python3.11", "python3.12", "python3.13", "python3.14")
 TOO_OLD = 'echo "$0 is Python 3.10.12, older than the 3.11 pyproject.toml requires"; exit 1'
 
@@ -465,9 +474,10 @@ def from_cell(cell: Cell, status: str = OK, error: str = "", forked: bool = True
     """A result the cell's own process sent back: the environment it and its actor record."""
     env = {"device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.14.1+cu126", "torch_threads": 2}
     env |= {"ray_node_id": "node-a", "started_at": 100.0, "ended_at": 160.0, "cpus": "4,5", "cpus_from": "slot"}
-    env |= {"threads_from": "ray.cpus_per_cell"}
-    env |= {"template": {"pid": 7}} if forked else {}
+    env |= {"threads_from": "ray.cpus_per_cell", "gpu_uuid": "GPU-a", "gpu_uuids": "GPU-a"}
+    env |= {"template": {"pid": 7}, "nvml": "restarted"} if forked else {}  # NVML started afresh after the fork
     metrics = {Metric.COMPILE_RECAPTURES: 0.0, Metric.COMPILE_CUDAGRAPH_SKIPS: 0.0} if cell.compile else {}
+    metrics[Metric.JOULES_PER_TOKEN] = 0.25
     return CellResult(f"id-{cell}", cell, status, error, metrics=metrics, environment=env | environment)
 
 
@@ -723,16 +733,134 @@ def test_quantized_weights_must_occupy_exactly_what_the_planner_predicted(tmp_pa
 
 
 def test_a_split_cell_must_record_both_gpus_and_its_largest_peak(tmp_path):
-    placed = {"devices": ["cuda:0", "cuda:1"], "layers": [[0, 14], [15, 29]], "predicted_peak_bytes": [5, 6]}
-    good = from_cell(cell())
-    good.tags[ResultTag.PLACEMENT] = "0-14 | 15-29"
-    good.samples = {
-        "placement": placed,
-        "repeats": [{"peak_device_mem_bytes_per_gpu": [3, 4], Metric.PEAK_DEVICE_MEM_BYTES: 4}],
-    }
+    good = split_cell_record()  # placed over both GPUs, a peak on each, both metered and probed
     one_gpu = from_cell(cell("static"))  # ran on one GPU: no placement
     folder = write_journal(tmp_path / "split", [good, one_gpu])
     code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-split", str(folder))
     assert any("two GPUs per cell: dynamic" in line and "as it should" in line for line in lines), lines
     assert any("two GPUs per cell: static" in line and "PLACEMENT OVER 2 GPUS" in line for line in lines), lines
     assert code == 1 and lines[-1] == "FAILED: 1 problem(s)"
+
+
+# --- What only a GPU shows, read back from each cell's record: NVML after fork, energy, NUMA, both GPUs of a
+# split cell. The records are made by the cell's own code on NVML's stand-in (fake_nvml.py) where it writes them.
+
+
+def energy_unknown(nvml: FakeNvml) -> str:
+    """The `kvsweep.energy` tag a cell writes when its counter cannot be had: the cell's own reason."""
+    from kvsweep.measure.energy import nvml_energy_counter
+
+    return f"unknown: {nvml_energy_counter('cuda', ('GPU-a',), nvml)}"
+
+
+def test_the_summary_matches_the_cells_own_energy_reasons_by_their_start():
+    from kvsweep.measure.energy import NO_COUNTER, NVML_DID_NOT_START
+
+    assert (smoke_gpu_readings.NO_COUNTER, smoke_gpu_readings.NVML_DID_NOT_START) == (NO_COUNTER, NVML_DID_NOT_START)
+
+
+@pytest.mark.parametrize(
+    ("nvml", "problems", "says"),
+    [
+        ("restarted", 0, None),
+        ("failed to start: NVMLError_DriverNotLoaded: Driver Not Loaded", 1, "NVML DID NOT START IN THE FORKED CELL"),
+        (None, 1, "NVML NOT RESTARTED IN THE FORKED CELL"),  # a forked cell that never said
+    ],
+)
+def test_a_forked_cell_whose_nvml_did_not_start_afresh_fails(tmp_path, nvml, problems, says):
+    result = from_cell(cell())
+    if nvml is None:
+        result.environment.pop("nvml")
+    else:
+        result.environment["nvml"] = nvml
+    code, lines = summarize(tmp_path, [result])
+    assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
+    assert not says or any(line.startswith("dynamic ") and says in line for line in lines), lines
+
+
+def test_a_gpu_without_an_energy_counter_is_said_and_nvml_that_did_not_start_fails(tmp_path):
+    no_counter = from_cell(cell("dynamic"))
+    no_counter.tags[ResultTag.ENERGY] = energy_unknown(FakeNvml([FakeGpu("GPU-a", energy_mj=None)]))
+    no_nvml = from_cell(cell("static"), started_at=200.0, ended_at=260.0)
+    no_nvml.tags[ResultTag.ENERGY] = energy_unknown(FakeNvml([FakeGpu("GPU-a")], starts=False))
+    for result in (no_counter, no_nvml):
+        result.metrics.pop(Metric.JOULES_PER_TOKEN)
+    code, lines = summarize(tmp_path, [no_counter, no_nvml])
+    assert any(line.startswith("dynamic ") and "energy: this GPU offers no energy counter" in line for line in lines)
+    assert any(line.startswith("static ") and "ENERGY UNKNOWN: NVML could not start" in line for line in lines)
+    assert code == 1 and lines[-1] == "FAILED: 1 problem(s)"
+
+
+@pytest.mark.parametrize(
+    ("each", "says"),
+    [
+        ([0.20, 0.21, 0.22], "(repeats spread 10%)"),  # (0.22 - 0.20) / 0.21
+        ([0.20, 0.30, 0.25], "(repeats spread 40%)  ENERGY SPREAD over 20%"),  # (0.30 - 0.20) / 0.25: said only
+    ],
+)
+def test_the_repeats_energy_spread_is_said_not_failed(tmp_path, each, says):
+    result = from_cell(cell())
+    result.samples["energy"] = {"joules_per_gpu": [12.0], "tokens": 48, "joules_per_token_per_repeat": each}
+    code, lines = summarize(tmp_path, [result])
+    assert any(line.startswith("dynamic ") and f"J/token 0.25 {says}" in line for line in lines), lines
+    assert code == 0
+
+
+# (the GPU's node as the cell read it, the node its actor asked for, the nodes of its CPUs), problems, says
+@pytest.mark.parametrize(
+    ("gpu_nodes", "asked", "cpus_on", "problems", "says"),
+    [
+        ("1", 1, "1", 0, "NUMA: 1 of 1 cells with a CPU slot had it on their GPU's node (0 where"),
+        ("1", 0, "0", 1, "its actor asked for node 0, its GPU hangs off node 1"),  # the actor's lookup is wrong
+        ("1", 1, "0", 1, "CPUs on node(s) 0, its GPU on node 1"),  # asked right, placed wrong (or the node full)
+        ("-1", -1, "0", 0, "NUMA: 0 of 1 cells with a CPU slot had it on their GPU's node (1 where"),  # not known
+    ],
+)
+def test_on_cuda_a_cells_cpus_sit_on_its_gpus_numa_node(tmp_path, gpu_nodes, asked, cpus_on, problems, says):
+    numa = {"gpu_numa_nodes": gpu_nodes, "cpus_near_numa_node": asked, "cpus_numa_nodes": cpus_on}
+    code, lines = summarize(tmp_path, [from_cell(cell(), **numa)])
+    shown_on = "NUMA SLOT: " if problems else "NUMA: "  # a problem on a line of its own, else the count
+    assert any(line.startswith(shown_on) and says in line for line in lines), lines
+    assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
+
+
+def split_cell_record(second_energy: bool = True, second_probed: bool = True, joules: float | None = None):
+    """A cell of the two-GPU sweep, its energy and sharing records made by the cell's own code on NVML's
+    stand-in: the measured phase draws 300 J on the first GPU and 100 J on the second over 1,600 tokens."""
+    from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter
+    from kvsweep.measure.gpu_sharing import SharingProbe, nvml_processes
+
+    gpus = [FakeGpu("GPU-a", pids=[42]), FakeGpu("GPU-b", pids=[42])]
+    nvml = FakeNvml(gpus)
+    meter = EnergyMeter(nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), nvml))
+    meter.start()
+    gpus[0].energy_mj += 300_000
+    gpus[1].energy_mj += 100_000 if second_energy else 0
+    energy = meter.per_token(1600)
+    probe = SharingProbe(["GPU-a", "GPU-b"] if second_probed else ["GPU-a"], lambda u: nvml_processes(u, nvml), 42)
+    probe.check()
+    result = from_cell(cell(), gpu_uuids="GPU-a,GPU-b", **probe.record())
+    result.tags[ResultTag.PLACEMENT] = "0-14 | 15-29"
+    result.metrics[Metric.JOULES_PER_TOKEN] = energy.joules_per_token if joules is None else joules
+    result.samples = {
+        "placement": {"devices": ["cuda:0", "cuda:1"], "layers": [[0, 14], [15, 29]], "predicted_peak_bytes": [5, 6]},
+        "repeats": [{"peak_device_mem_bytes_per_gpu": [3, 4], Metric.PEAK_DEVICE_MEM_BYTES: 4}],
+        "energy": energy.record(),
+    }
+    return result
+
+
+@pytest.mark.parametrize(
+    ("made", "problems", "says"),
+    [
+        (lambda: split_cell_record(), 0, "J per GPU 300.0 + 100.0 J/token 0.25"),  # (300 + 100) J / 1,600 tokens
+        (lambda: split_cell_record(second_energy=False), 1, "SHOULD MEASURE ENERGY ON BOTH GPUS"),
+        (lambda: split_cell_record(joules=300 / 1600), 1, "SHOULD BE BOTH GPUS' ENERGY OVER THE TOKENS"),  # one's
+        (lambda: split_cell_record(second_probed=False), 1, "SHOULD PROBE BOTH GPUS FOR OTHER PROCESSES"),
+    ],
+)
+def test_a_split_cell_must_meter_and_probe_both_gpus(tmp_path, made, problems, says):
+    folder = write_journal(tmp_path / "split", [made()])
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-split", str(folder))
+    assert any(line.startswith("two GPUs per cell: dynamic") and says in line for line in lines), lines
+    assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == problems

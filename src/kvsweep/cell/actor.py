@@ -9,9 +9,10 @@ phase holds the gate shared, so nothing prepares while a cell on this host is me
 
 A forked CUDA cell runs on cores of its own: the actor asks the node's template for as many as Ray
 reserved for it (`cell/cpu_slots.py`) and its process is pinned to them, so it meters exactly them and
-a sibling GPU cell's kernel launching is not its contention. The result's `environment.cpus` says
-which cores the cell ran on, `environment.cpus_from` where they came from (`slot`, `affinity` for a
-CPU cell, or `shared: why` for a CUDA cell that got none).
+a sibling GPU cell's kernel launching is not its contention; the slot sits on the NUMA node its GPUs
+hang off when that node has room. The result's `environment.cpus` says which cores the cell ran on,
+`environment.cpus_from` where they came from (`slot`, `affinity` for a CPU cell, or `shared: why` for a
+CUDA cell that got none), `environment.cpus_near_numa_node` the node its slot was asked to sit on (-1: none).
 """
 
 import contextlib
@@ -25,6 +26,7 @@ import ray
 
 from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gate import GatedRun, gate_path, host_gate
+from kvsweep.cell.gpu_numa import visible_gpus_node
 from kvsweep.cell.host_oom import oom_kills
 from kvsweep.cell.process_clock import process_started_at
 from kvsweep.cell.template import NO_RESULT
@@ -87,6 +89,7 @@ class CellActor:
         result["environment"].update(
             cpus=",".join(map(str, self.cpus.cpus)),
             cpus_from=self.cpus.source,
+            cpus_near_numa_node=self.cpus.near,
             ray_node_id=context.get_node_id(),
             gpu_ids=",".join(str(g) for g in ray.get_gpu_ids()),
             started_at=started_at,
@@ -144,8 +147,11 @@ class CellActor:
         none (a CPU cell, or not enough free) the cell runs on this actor's affinity, as it always did."""
         reserved = ray.get_runtime_context().get_assigned_resources().get("CPU")
         wanted, source = cores_to_ask(device, reserved, cpus_per_cell)
-        grant = ray.get(template.take_cpus.remote(wanted, os.getpid())) if wanted else CpuGrant((), source)
-        return grant if grant.cpus else CpuGrant(_affinity(), grant.source)
+        if not wanted:
+            return CpuGrant(_affinity(), source)
+        near = visible_gpus_node(os.environ.get("CUDA_VISIBLE_DEVICES"))  # the socket its GPUs hang off
+        grant = ray.get(template.take_cpus.remote(wanted, os.getpid(), near))
+        return grant if grant.cpus else CpuGrant(_affinity(), grant.source, near=near)
 
     def _gate_path(self) -> str:
         return gate_path(ray.get_runtime_context().get_session_name())

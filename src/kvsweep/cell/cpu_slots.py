@@ -14,6 +14,11 @@ back at the next request, unless its cell's process is still running: that one o
 actor by the time it takes to notice and to tear CUDA down, and its cores stay its own meanwhile.
 Plain bookkeeping over the node's cores, tested without Ray: where the cores sit (NUMA node, physical
 core) is read from /sys apart from it.
+
+A slot sits on the NUMA node its cell's GPUs hang off when that node has room (`near`, found by the actor
+through `cell/gpu_numa.py`): on a two-socket node, cells on the second socket's GPUs get that socket's
+cores, not the lowest-numbered ones. Where the GPU's node is not known (-1), or it has no room, slots
+are chosen as before: one NUMA node, idle physical cores, the lowest numbers.
 """
 
 import contextlib
@@ -53,6 +58,7 @@ class CpuGrant:
     cpus: tuple[int, ...]
     source: str
     slot: int = 0
+    near: int = -1  # the NUMA node it was asked to sit on (its GPUs'); -1: none
 
 
 def cores_to_ask(device: str, reserved_cpus: float | None, cpus_per_cell: int) -> tuple[int, str]:
@@ -93,8 +99,9 @@ class CpuSlots:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def take(self, wanted: int, owner_pid: int) -> CpuGrant:
-        """`wanted` cores no other slot holds, or no slot (and why) when that many are not free."""
+    def take(self, wanted: int, owner_pid: int, near: int = -1) -> CpuGrant:
+        """`wanted` cores no other slot holds, on NUMA node `near` when it has room (-1: any), or no slot
+        (and why) when that many are not free."""
         with self._lock:
             for slot, (owner, _) in list(self._held.items()):
                 if slot not in self._measuring and not self.alive(owner):
@@ -103,11 +110,11 @@ class CpuSlots:
             free = [p for p in self.places if p.cpu not in held]
             if wanted < 1 or wanted > len(free):
                 why = f"{len(free)} of {len(self.places)} cores free, {wanted} wanted"
-                return CpuGrant((), shared(why))
-            chosen = _best_window(free, wanted, {p.core for p in self.places if p.cpu in held})
+                return CpuGrant((), shared(why), near=near)
+            chosen = _best_window(free, wanted, {p.core for p in self.places if p.cpu in held}, near)
             slot = next(self._ids)
             self._held[slot] = (owner_pid, frozenset(p.cpu for p in chosen))
-            return CpuGrant(tuple(sorted(p.cpu for p in chosen)), SLOT, slot)
+            return CpuGrant(tuple(sorted(p.cpu for p in chosen)), SLOT, slot, near)
 
     @contextlib.contextmanager
     def in_measure(self, slot: int) -> Iterator[None]:
@@ -131,14 +138,17 @@ class CpuSlots:
             return {slot: tuple(sorted(cpus)) for slot, (_, cpus) in self._held.items()}
 
 
-def _best_window(free: Sequence[CpuPlace], wanted: int, busy_cores: set[tuple[int, int]]) -> Sequence[CpuPlace]:
-    """Of the runs of `wanted` consecutive free places: one NUMA node, then physical cores no other cell
-    uses, then as few physical cores as possible (hyperthreads together), then the first."""
+def _best_window(
+    free: Sequence[CpuPlace], wanted: int, busy_cores: set[tuple[int, int]], near: int = -1
+) -> Sequence[CpuPlace]:
+    """Of the runs of `wanted` consecutive free places: all on node `near` (when known), then one NUMA node,
+    then physical cores no other cell uses, then as few physical cores as possible (hyperthreads together),
+    then the first."""
 
-    def cost(start: int) -> tuple[int, int, int, int]:
+    def cost(start: int) -> tuple[bool, int, int, int, int]:
         window = free[start : start + wanted]
-        cores = {p.core for p in window}
-        return len({p.node for p in window}), len(cores & busy_cores), len(cores), start
+        cores, nodes = {p.core for p in window}, {p.node for p in window}
+        return near >= 0 and nodes != {near}, len(nodes), len(cores & busy_cores), len(cores), start
 
     best = min(range(len(free) - wanted + 1), key=cost)
     return free[best : best + wanted]

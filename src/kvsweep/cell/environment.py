@@ -16,6 +16,8 @@ import torch
 import transformers
 
 import kvsweep
+from kvsweep.cell.cpu_slots import read_places
+from kvsweep.cell.gpu_numa import gpus_numa_nodes
 
 
 class CudaStartError(Exception):
@@ -41,7 +43,11 @@ def start_device(device: str, cuda_init: Callable[[], None] | None = None) -> No
 
 
 def describe_host(device: str) -> dict[str, Any]:
-    """What the cell's process found before touching its device: nothing here initialises CUDA."""
+    """What the cell's process found before touching its device: nothing here initialises CUDA.
+
+    `cpus_numa_nodes`: the NUMA nodes of the cores it may run on (its CPU slot's, on CUDA), to set beside
+    its GPUs' `gpu_numa_nodes`.
+    """
     env: dict[str, Any] = {
         "torch_version": str(torch.__version__),  # a plain str: a TorchVersion would import torch to unpickle
         "transformers_version": str(transformers.__version__),
@@ -50,21 +56,43 @@ def describe_host(device: str) -> dict[str, Any]:
         "niceness": os.getpriority(os.PRIO_PROCESS, 0),  # Ray's default 15 would measure at low priority
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
+        "cpus_numa_nodes": ",".join(map(str, sorted({p.node for p in read_places(sorted(os.sched_getaffinity(0)))}))),
     }
     if device == "cuda":
         env["cuda_version"] = torch.version.cuda  # the build's CUDA, which the driver must support
     return env
 
 
-def describe_device(device: str) -> dict[str, Any]:
-    """The device the cell measures on (on CUDA, once `start_device` has started it)."""
+def describe_device(device: str, gpus: int = 1) -> dict[str, Any]:
+    """The device the cell measures on (on CUDA, once `start_device` has started it).
+
+    On CUDA, each of the cell's `gpus` GPUs (those `cell/split.py::cell_devices` places a model over):
+    `gpu_uuids` and the NUMA node each hangs off (`gpu_numa_nodes`, -1: unknown), comma-separated in device
+    order; `gpu_index` and `gpu_uuid` are the first's, as before cells spanned GPUs.
+    """
     env: dict[str, Any] = {"device_name": device_name(device), "device_total_mem_bytes": device_total_bytes(device)}
     if device == "cuda" and torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        env["gpu_index"] = index
-        env["gpu_uuid"] = gpu_uuid(index)
+        indices = cell_gpu_indices(gpus)
+        uuids = [gpu_uuid(index) for index in indices]
+        env["gpu_index"] = indices[0]
+        env["gpu_uuid"] = uuids[0]
+        env["gpu_uuids"] = ",".join(uuids)
+        env["gpu_numa_nodes"] = ",".join(map(str, gpus_numa_nodes(uuids)))
         env["driver_version"] = driver_version()
     return env
+
+
+def cell_gpu_indices(gpus: int) -> list[int]:
+    """The cell's GPUs by this process's index: the current device alone, or the first `gpus` visible ones
+    (as `cell_devices` places a model over them; at most as many as are visible)."""
+    if gpus <= 1:
+        return [torch.cuda.current_device()]
+    return list(range(max(1, min(gpus, torch.cuda.device_count()))))
+
+
+def recorded_gpu_uuids(environment: dict[str, Any]) -> tuple[str, ...]:
+    """The cell's GPUs as `describe_device` recorded them (none off CUDA), for NVML's probes and counters."""
+    return tuple(uuid for uuid in str(environment.get("gpu_uuids", "")).split(",") if uuid)
 
 
 def driver_version() -> str:

@@ -4,7 +4,9 @@ Importing this module is the template's preload: torch, Transformers, the quanti
 installed, and kvsweep's cell code, without touching CUDA. `forked_main` then takes on the cell's
 actor's view of the machine (its `CUDA_VISIBLE_DEVICES`, thread count and CPUs), watches that actor,
 measures the cell and sends the result back through the pipe. Whatever fails in this process comes
-back as the cell's `error` result with its message, never as a bare exit code.
+back as the cell's `error` result with its message, never as a bare exit code. A CUDA cell starts NVML
+afresh first (`cell/nvml_restart.py`: the forkserver's NVML does not survive the fork) and records what
+came of it (`environment.nvml`).
 """
 
 import contextlib
@@ -27,6 +29,7 @@ import transformers  # noqa: E402, F401
 
 from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
 from kvsweep.cell.gate import GatedRun  # noqa: E402
+from kvsweep.cell.nvml_restart import restart_nvml  # noqa: E402
 from kvsweep.cell.process_clock import process_started_at  # noqa: E402
 from kvsweep.cell.run import MAX_ERROR_CHARS, record_failure  # noqa: E402
 from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
@@ -86,6 +89,7 @@ def answer(conn: Any, payload: bytes | dict[str, Any]) -> None:
     """Read the request, run the cell (or the template's probe) and send what came of it."""
     timeline = {"imported_at": time.time()}  # nothing to import: the template did
     request: dict[str, Any] = {}
+    found: dict[str, Any] = {}  # what this process found before the cell ran, for its environment
     try:
         request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
         if request.get("probe"):
@@ -94,24 +98,33 @@ def answer(conn: Any, payload: bytes | dict[str, Any]) -> None:
             return
         take_on_machine_view(request["env"], request.get("cpus"))
         watch_owner(request["owner_pid"])
+        if request["protocol"].get("device") == "cuda":  # before the cell reads its GPUs through NVML
+            found["nvml"] = restart_nvml()
         gate = GatedRun(request.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
         result = gate.run(request["cell"], request["protocol"], request["testing"], request["options"])
     except BaseException as exc:  # anything at all: the actor must hear why, not just an exit code
         result = failed_result(request, exc)
-    send_result(conn, result, request, timeline)
+    send_result(conn, result, request, timeline, found)
 
 
-def send_result(conn: Any, result: dict[str, Any], request: dict[str, Any], timeline: dict[str, float]) -> None:
-    """Send the cell's result (with this process's pid and timeline); one that cannot be sent is
-    replaced by the error saying why."""
+def send_result(
+    conn: Any,
+    result: dict[str, Any],
+    request: dict[str, Any],
+    timeline: dict[str, float],
+    found: dict[str, Any] | None = None,
+) -> None:
+    """Send the cell's result (with this process's pid, timeline and what it `found` before the cell ran);
+    one that cannot be sent is replaced by the error saying why."""
     try:
-        conn.send(_stamped(result, timeline))
+        conn.send(_stamped(result, timeline, found or {}))
     except BaseException as exc:  # e.g. a stand-in runner's result that does not pickle
-        conn.send(_stamped(failed_result(request, exc), timeline))
+        conn.send(_stamped(failed_result(request, exc), timeline, found or {}))
 
 
-def _stamped(result: dict[str, Any], timeline: dict[str, float]) -> dict[str, Any]:
+def _stamped(result: dict[str, Any], timeline: dict[str, float], found: dict[str, Any]) -> dict[str, Any]:
     if "environment" in result:  # not in a `no_result` answer
+        result["environment"].update(found)
         result["environment"]["forked"] = {"pid": os.getpid(), "timeline": timeline}
     return result
 

@@ -17,7 +17,7 @@ import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
 from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
-from kvsweep.cell.environment import describe_device, describe_host, start_device
+from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
 from kvsweep.cell.feed import feed_for
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.memory_limit import memory_limit
@@ -30,7 +30,7 @@ from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import CallContention, HostMeter
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
-from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_tokens
+from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_energy
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.memory import CudaMemory
 from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
@@ -89,7 +89,7 @@ def run_cell(
         warnings.filterwarnings("ignore")
         result.environment.update(describe_host(protocol.device), threads_from=threads.source)  # threads: set above
         start_device(protocol.device, cuda_init_for(fault_for(cell.to_dict(), faults, during="start")))
-        result.environment.update(describe_device(protocol.device))
+        result.environment.update(describe_device(protocol.device, protocol.gpus))  # each of the cell's GPUs
         if protocol.device_memory_limit_gb > 0:
             device_bandwidth(protocol.device)  # our probe's two buffers (per process): before the limit, not under it
         limit = protocol.device_memory_limit_gb
@@ -199,21 +199,21 @@ def _measure(
     for _ in range(protocol.warmup):
         session.call(strategy)
     on_phase("measuring")
-    sharing = SharingProbe(result.environment.get("gpu_uuid"))
+    sharing = SharingProbe(recorded_gpu_uuids(result.environment))  # each of the cell's GPUs
     sharing.wait_until_alone(wait_idle_gpu_s)
     sharing.check()  # before and after the measured phase
     niceness = int(result.environment.get("niceness", 0))
     compiled_before = compile_events() if cell.compile else 0
-    energy = EnergyMeter(nvml_energy_counter(device, result.environment.get("gpu_uuid")))
+    energy = EnergyMeter(nvml_energy_counter(device, recorded_gpu_uuids(result.environment)))  # summed over them
     energy.start()
     phase = measure_phase(
-        lambda: session.call(strategy),
+        energy.each(lambda: session.call(strategy)),
         lambda c: c.times,
         sampling_rules(protocol, niceness),
         HostMeter(),
         energy.paused(time.sleep),
     )
-    _write(result, _energy_found(energy.per_token(phase_tokens(phase, lambda c: c.new_tokens.numel()))))
+    _write(result, _energy_found(phase_energy(energy, phase, lambda c: c.new_tokens.numel())))
     recaptures = compile_events() - compiled_before if cell.compile else 0
     skips = cudagraph_skips() - skips_before if cell.compile else 0
     sharing.check()
@@ -291,12 +291,12 @@ def _numbers(
 
 def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> ResultPart:
     """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
-    gpu_seen = gpu_verdict(gpu.verdict, sorted(gpu.seen)) if gpu is not None else None
+    gpu_seen = gpu_verdict(gpu.verdict, gpu.seen_on) if gpu is not None else None
     contended, contention = merge(host.verdict(), gpu_seen)
     tags = {ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention}
     if phase.target_met is not None:
         tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
-    environment = {"gpu_other_pids": ",".join(map(str, sorted(gpu.seen)))} if gpu is not None and gpu.seen else {}
+    environment = gpu.record() if gpu is not None else {}  # gpu_other_pids, and what each GPU's checks found
     metrics = {**host.metrics(), Metric.DISCARDED_CALLS: float(len(phase.discarded))}
     return ResultPart(metrics, tags, environment)
 
@@ -304,7 +304,7 @@ def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingP
 def _energy_found(energy: Energy) -> ResultPart:
     if energy.joules_per_token is None:
         return ResultPart(tags={ResultTag.ENERGY: f"unknown: {energy.unknown}"})
-    return ResultPart({Metric.JOULES_PER_TOKEN: energy.joules_per_token})
+    return ResultPart({Metric.JOULES_PER_TOKEN: energy.joules_per_token}, samples={"energy": energy.record()})
 
 
 def _quality_found(quality: QualityCheck) -> ResultPart:

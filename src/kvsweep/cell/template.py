@@ -78,10 +78,11 @@ class CellTemplate:
         """Which template a cell came from: its node-local process and when it started."""
         return f"pid {os.getpid()} forkserver {self.state.get('forkserver_pid')} started {self.started_at:.3f}"
 
-    def take_cpus(self, wanted: int, owner_pid: int) -> CpuGrant:
-        """`wanted` of this node's cores for one cell alone, held until `measure(..., slot)` returns (or
-        `owner_pid` is gone); no slot, and why, when that many are not free."""
-        return self.cpu_slots.take(wanted, owner_pid)
+    def take_cpus(self, wanted: int, owner_pid: int, near: int = -1) -> CpuGrant:
+        """`wanted` of this node's cores for one cell alone, on NUMA node `near` (its GPUs') when it has room,
+        held until `measure(..., slot)` returns (or `owner_pid` is gone); no slot, and why, when that many
+        are not free."""
+        return self.cpu_slots.take(wanted, owner_pid, near)
 
     def measure(self, request: bytes, slot: int = 0) -> dict[str, Any]:
         """Fork a fresh process for one cell (its request cloudpickled); returns its result, or how it

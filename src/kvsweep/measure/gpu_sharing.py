@@ -1,10 +1,12 @@
-"""Who else is on this cell's GPU? Shared clusters put other people's jobs beside ours.
+"""Who else is on this cell's GPUs? Shared clusters put other people's jobs beside ours.
 
-Processes are read through NVML and the GPU is matched by UUID (indices differ between processes
-and containers). Without NVML (CPU, no driver) the answer is "unknown", quietly.
+Processes are read through NVML and each GPU is matched by UUID (indices differ between processes
+and containers). Without NVML (CPU, no driver) the answer is "unknown", quietly. A cell split over
+several GPUs is probed on each: another process on any of them is contention, and the evidence says
+which GPU it was on.
 
-The probe is asked only once the cell holds a CUDA context on that GPU (its model is loaded), so our
-own process must be in the list. Two things follow:
+The probe is asked only once the cell holds a CUDA context on its GPUs (its model is loaded, a layer on
+each), so our own process must be in each GPU's list. Two things follow:
 
 - In a container NVML reports host PIDs: when our own PID is not in a non-empty list, one of the
   processes is taken to be us (the one with the lowest PID, which cannot be told apart; the others
@@ -14,24 +16,26 @@ own process must be in the list. Two things follow:
   as well, so the answer is "unknown", never "alone".
 """
 
+import importlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 ProcessLister = Callable[[str], list[int] | None]
 UNKNOWN, CONTENDED, ALONE = "unknown", "true", "false"
 
 
-def nvml_processes(gpu_uuid: str) -> list[int] | None:
-    """PIDs with a context on the GPU, or None when NVML cannot say."""
+def nvml_processes(gpu_uuid: str, nvml: Any = None) -> list[int] | None:
+    """PIDs with a context on the GPU, or None when NVML cannot say. `nvml`: the bindings (`pynvml`
+    unless given: the seam for tests)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
-        procs = list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        procs += list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
+        nvml = nvml or importlib.import_module("pynvml")
+        nvml.nvmlInit()
+        handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        procs += list(nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
         return sorted({p.pid for p in procs})
     except Exception:
         return None
@@ -48,42 +52,84 @@ def others(pids: list[int], own_pid: int) -> list[int] | None:
 
 @dataclass
 class SharingProbe:
-    """Checks before and after the measured phase; a cell is contended if any check saw another process.
+    """Checks each of the cell's GPUs before and after the measured phase; a cell is contended if any
+    check saw another process on any of them.
 
-    Ask only while this process holds a CUDA context on the GPU (see the module docstring).
+    `gpu_uuids`: the cell's GPUs in its device order (none: not on CUDA, the verdict is unknown).
+    Ask only while this process holds a CUDA context on every one (see the module docstring).
     """
 
-    gpu_uuid: str | None
+    gpu_uuids: Sequence[str]
     lister: ProcessLister = nvml_processes
     own_pid: int = field(default_factory=os.getpid)
-    seen: set[int] = field(default_factory=set)
-    known: bool = True
+    seen_on: dict[str, set[int]] = field(init=False)  # each GPU's other processes seen so far
+    blind_on: set[str] = field(init=False, default_factory=set)  # GPUs a check could not read
 
-    def _others(self) -> list[int] | None:
-        pids = self.lister(self.gpu_uuid) if self.gpu_uuid else None
-        return None if pids is None else others(pids, self.own_pid)
+    def __post_init__(self) -> None:
+        self.gpu_uuids = tuple(self.gpu_uuids)
+        self.seen_on = {uuid: set() for uuid in self.gpu_uuids}
 
-    def check(self) -> list[int] | None:
-        """Other processes seen now, or None when this check could not tell (the verdict becomes unknown)."""
-        found = self._others()
-        if found is None:
-            self.known = False
-            return None
-        self.seen.update(found)
+    def _others(self) -> dict[str, list[int] | None]:
+        found = {}
+        for uuid in self.gpu_uuids:
+            pids = self.lister(uuid)
+            found[uuid] = None if pids is None else others(pids, self.own_pid)
         return found
 
+    def check(self) -> list[int] | None:
+        """Other processes seen now on any of the GPUs, or None when a GPU could not be read this time
+        (the verdict becomes unknown unless another process is seen)."""
+        found = self._others()
+        for uuid, pids in found.items():
+            if pids is None:
+                self.blind_on.add(uuid)
+            else:
+                self.seen_on[uuid].update(pids)
+        if any(pids is None for pids in found.values()):
+            return None
+        return sorted({pid for pids in found.values() for pid in pids or ()})
+
     def wait_until_alone(self, timeout_s: float, poll_s: float = 1.0) -> None:
-        """Wait (up to timeout_s) for other processes to leave the GPU before measuring; no wait when
-        NVML cannot tell."""
+        """Wait (up to timeout_s) for other processes to leave the GPUs before measuring; no wait for a GPU
+        whose processes NVML cannot tell."""
         deadline = time.monotonic() + timeout_s
         while timeout_s > 0:
-            found = self._others()
-            if not found or time.monotonic() >= deadline:
+            if not any(self._others().values()) or time.monotonic() >= deadline:
                 return
             time.sleep(poll_s)
+
+    @property
+    def seen(self) -> set[int]:
+        """Every other process seen, on any of the GPUs."""
+        return {pid for pids in self.seen_on.values() for pid in pids}
+
+    @property
+    def known(self) -> bool:
+        return bool(self.gpu_uuids) and not self.blind_on
+
+    def state_of(self, uuid: str) -> str:
+        if self.seen_on.get(uuid):
+            return CONTENDED
+        return UNKNOWN if uuid in self.blind_on or uuid not in self.seen_on else ALONE
 
     @property
     def verdict(self) -> str:
         if self.seen:
             return CONTENDED
-        return ALONE if self.known and self.gpu_uuid else UNKNOWN
+        return ALONE if self.known else UNKNOWN
+
+    def record(self) -> dict[str, str]:
+        """The environment's account: other processes seen (`gpu_other_pids`, as ever) and, per GPU, what its
+        checks found (`gpu_sharing`: `GPU-a alone, GPU-b pids 77`); nothing off CUDA."""
+        if not self.gpu_uuids:
+            return {}
+        record = {"gpu_sharing": ", ".join(f"{uuid} {self._found_on(uuid)}" for uuid in self.gpu_uuids)}
+        if self.seen:
+            record["gpu_other_pids"] = ",".join(map(str, sorted(self.seen)))
+        return record
+
+    def _found_on(self, uuid: str) -> str:
+        state = self.state_of(uuid)
+        if state == CONTENDED:
+            return "pids " + ",".join(map(str, sorted(self.seen_on[uuid])))
+        return "alone" if state == ALONE else "unknown"

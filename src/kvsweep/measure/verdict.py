@@ -3,11 +3,11 @@
 `kvsweep.contended` is `true` when any evidence says the kept calls were disturbed, `unknown` when
 some evidence could not be read and none says disturbed, `false` only when everything was read and
 clean. `kvsweep.contention` says what was seen, so a person can judge (`host 0.62, steal 0.00;
-gpu pids 1234`).
+gpu pids 1234`; on a cell over several GPUs, `gpu pids 1234 on GPU-...` names the GPU).
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvsweep.measure.contention import TICK_S, CallContention, pooled
@@ -58,7 +58,12 @@ def merge(host: tuple[str, str], gpu: tuple[str, str] | None) -> tuple[str, str]
     return state, "; ".join(text for _, text in verdicts)
 
 
-def gpu_verdict(state: str, other_pids: Sequence[int]) -> tuple[str, str]:
-    if state == CONTENDED:
-        return state, "gpu pids " + ",".join(map(str, sorted(other_pids)))
-    return state, "gpu alone" if state == ALONE else "gpu unknown"
+def gpu_verdict(state: str, seen_on: Mapping[str, Collection[int]]) -> tuple[str, str]:
+    """The GPUs' verdict and what was seen: `gpu pids 1234`; a cell over several GPUs names the GPU each
+    process was on (`gpu pids 1234 on GPU-b`), so a person can tell whose job sat on which."""
+    if state != CONTENDED:
+        return state, "gpu alone" if state == ALONE else "gpu unknown"
+    if len(seen_on) <= 1:
+        return state, "gpu pids " + ",".join(map(str, sorted(pid for pids in seen_on.values() for pid in pids)))
+    found = [f"{','.join(map(str, sorted(pids)))} on {uuid}" for uuid, pids in seen_on.items() if pids]
+    return state, "gpu pids " + ", ".join(found)

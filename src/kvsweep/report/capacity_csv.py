@@ -4,7 +4,9 @@ A batch frontier fills `context_length` (the size it held) and `max_batch`; a co
 `batch_size` and `max_context`; the other pair stays empty, and `axis` says which it is. Every column is
 always there (empty where a row has no value), so a script reads every sweep's file the same way.
 `pick` is true on the strategy the selection recommends at that size; `quality_refusal` says why the
-quality gate keeps a strategy from being recommended (empty when it does not).
+quality gate keeps a strategy from being recommended (empty when it does not). `joules_per_token` is the
+frontier cell's own metric: the energy of all the GPUs that cell ran on (a split cell sums them,
+`measure/energy.py`), as `cost_per_1m_tokens` pays for all of them (`ray.gpus_per_cell`).
 """
 
 import csv
