@@ -9,6 +9,8 @@ Exits 1 when any of these is found (each is one problem):
 - the folder holds no result, or a cell that was not skipped failed (its process said why, or the
   driver recorded how it ended);
 - a peak climbs by more than a tenth of its cache, or an offloaded cell held nothing in host memory;
+- the cache's bytes on the device when `generate` returned differ from the planner's figure for that moment
+  (`kv_cache_device_bytes` against `predicted_kv_device_bytes`; an offloaded cache: one moved layer there);
 - a compiled cell skipped CUDA graphs, or (on CUDA) did not count them;
 - on a GPU whose published peak is known (PEAK_GBPS), the copy bandwidth (`mem_bandwidth_gbps`) is
   above what its memory can do or so far below it that the reading is broken;
@@ -118,6 +120,8 @@ def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
         )
         text, wrong = bandwidth_reading(result, on_cuda)
         line, problems = line + text, problems + wrong
+        text, wrong = kv_device_reading(result)
+        line, problems = line + text, problems + wrong
         if cell.cache.startswith("offloaded"):  # where its bytes were: most of them on the host
             host = metrics.get(Metric.KV_CACHE_HOST_BYTES, 0.0)
             line += f" device {metrics.get(Metric.KV_CACHE_DEVICE_BYTES, 0) / MIB:.2f} MiB host {host / MIB:.2f} MiB"
@@ -140,6 +144,16 @@ def cell_line(result: CellResult, on_cuda: bool) -> tuple[str, int]:
     elif result.status != SKIPPED:
         line += " | made by the driver"
     return line, problems
+
+
+def kv_device_reading(result: CellResult) -> tuple[str, bool]:
+    """The cache's bytes on the device when `generate` returned against the planner's figure for that moment
+    (`predicted_kv_device_bytes`): equal for every strategy, an offloaded one's single prefetched layer included."""
+    measured = result.metrics.get(Metric.KV_CACHE_DEVICE_BYTES)
+    predicted = result.metrics.get(Metric.PREDICTED_KV_DEVICE_BYTES)
+    if measured is None or predicted is None or measured == predicted:
+        return "", False
+    return f"  KV ON DEVICE {measured / MIB:.3f} MiB, PREDICTED {predicted / MIB:.3f} MiB", True
 
 
 def published_peak_gbps(device_name: str) -> float | None:

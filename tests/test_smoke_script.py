@@ -864,3 +864,22 @@ def test_a_split_cell_must_meter_and_probe_both_gpus(tmp_path, made, problems, s
     code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-split", str(folder))
     assert any(line.startswith("two GPUs per cell: dynamic") and says in line for line in lines), lines
     assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == problems
+
+
+def test_the_summary_fails_a_cache_whose_bytes_on_the_device_are_not_the_planners_for_that_moment():
+    """An offloaded tiny-llama cell, context 64, 4 new tokens, float32: when `generate` returns one of its 4 moved
+    layers is on the device (67 tokens x 2 KV heads x 32 x K and V x 4 bytes); a prediction of the two layers of a
+    decode step's peak is the mismatch the GPU run must show."""
+    from kvsweep.models.resolve import classify, kv_shape, load_config
+    from kvsweep.plan.cell_plan import plan_cell
+
+    cell = Cell("tiny-llama", "float32", 64, 1, 4, "offloaded", False)
+    one_layer = 67 * 2 * 32 * 2 * 4
+    planned = plan_cell(cell, "cuda", kv_shape(load_config(classify("tiny-llama"))))
+    assert planned.kv_device_bytes == one_layer
+    measured = {Metric.KV_CACHE_DEVICE_BYTES: float(one_layer), Metric.KV_CACHE_HOST_BYTES: float(3 * one_layer)}
+    right = CellResult("c", cell, OK, metrics={**measured, Metric.PREDICTED_KV_DEVICE_BYTES: float(one_layer)})
+    assert smoke_summary.kv_device_reading(right) == ("", False)
+    peak = CellResult("c", cell, OK, metrics={**measured, Metric.PREDICTED_KV_DEVICE_BYTES: float(2 * one_layer)})
+    text, wrong = smoke_summary.kv_device_reading(peak)
+    assert wrong and "KV ON DEVICE 0.033 MiB, PREDICTED 0.065 MiB" in text
