@@ -155,7 +155,11 @@ PARAM_KEYS = (
     "weights",
 )
 INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the cell hashes what it was fed)
-CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM)
+# The cell's node as the driver surveyed it at connect (`driver/software_survey.py`): the hash of its software and
+# its GPU model, params so that cells measured on two kinds of node group apart.
+NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM = "node_software", "gpu_model"
+NODE_PARAMS = (NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM)
+CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM, *NODE_PARAMS)
 INTERVALS = (*TIMED, *ACCURACIES)
 CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci_high)), *INT_PARAMS)
 CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100

@@ -24,7 +24,13 @@ def assigned_value(path: Path | None, name: str) -> object | None:
     except (OSError, SyntaxError, ValueError):
         return None
     for statement in module.body if module else []:
-        if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) == name for t in statement.targets):
+        if isinstance(statement, ast.Assign):
+            targets = statement.targets
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets = [statement.target]  # `cuda: Optional[str] = "12.8"` (torch/version.py)
+        else:
+            continue
+        if any(getattr(t, "id", None) == name for t in targets):
             try:
                 return ast.literal_eval(statement.value)
             except ValueError:

@@ -148,6 +148,11 @@ class RayConfig:
     )
     accelerator_type: str = _help("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
     resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}", AT_LEAST_0)
+    allow_mixed_versions: bool = _help(
+        False,
+        "measure even when the nodes that run cells (or the driver) report different software (torch, CUDA, "
+        "Transformers, quantization backends, kvsweep's sources, Python, NVIDIA driver); false: exit 2 first",
+    )
 
 
 @dataclass

@@ -19,13 +19,19 @@ class RaySession:
     started_here: bool  # we own it: shut it down at the end
     gpus: float
     cpus: float
+    local: bool = False  # a local instance this process started (now or earlier): its workers run this Python
+
+
+_local_instance = ""  # the GCS address of the local instance this process started, until it shuts it down
 
 
 def connect(address: str) -> RaySession:
     """Empty address: a fresh local instance; otherwise join (`auto`, `ray://...`) with no resource args.
 
-    An already-initialised Ray (a test session, a notebook) is reused as it is.
+    An already-initialised Ray (a test session, a notebook) is reused as it is; `local` says whether this
+    process started it as a local instance (`connect("")`), whose workers see what this process sees.
     """
+    global _local_instance
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     import ray
@@ -45,9 +51,11 @@ def connect(address: str) -> RaySession:
                 object_store_memory=OBJECT_STORE_BYTES,
                 logging_level="ERROR",
             )
+            _local_instance = ray.get_runtime_context().gcs_address
         started_here = True
     resources = ray.cluster_resources()
-    return RaySession(started_here, float(resources.get("GPU", 0)), float(resources.get("CPU", 0)))
+    local = bool(_local_instance) and _local_instance == ray.get_runtime_context().gcs_address
+    return RaySession(started_here, float(resources.get("GPU", 0)), float(resources.get("CPU", 0)), local)
 
 
 def resolve_device(requested: str, session: RaySession) -> str:
@@ -119,10 +127,12 @@ def check_fits(needs: CellNeeds) -> None:
 
 
 def shutdown(session: RaySession) -> None:
+    global _local_instance
     if session.started_here:
         import ray
 
         ray.shutdown()
+        _local_instance = ""
 
 
 def send_strategies_by_value(strategies: list[CacheStrategy]) -> list[CacheStrategy]:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kvsweep.driver.inputs_choice import InputsChoice
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
+    from kvsweep.driver.software_survey import Survey
     from kvsweep.driver.templates import Templates
     from kvsweep.models.facts import ModelFacts
     from kvsweep.tracking.client import SweepTracker
@@ -89,6 +90,7 @@ class Connected:
     device: str
     needs: "CellNeeds"
     templates: "Templates | None"  # None: ray.fork_cells=false, each cell measures in its own actor
+    software: "Survey | None" = None  # what each node that can run a cell reported (None: not surveyed)
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,11 @@ class SweepRun:
             self._progress.say(redact_text(text))
 
     def connect(self, session: "RaySession") -> None:
-        """The device cells run on, and what each needs from the cluster (checked to fit). The warm
-        templates start importing now, overlapping the plan and MLflow; the first cell waits for them."""
+        """The device cells run on, and what each needs from the cluster (checked to fit), and the same software
+        on every node that can run one (`software_survey.py`: a mismatch is exit 2 here). The warm templates
+        start importing now, overlapping the plan and MLflow; the first cell waits for them."""
         from kvsweep.driver import ray_session
+        from kvsweep.driver.software_survey import check_software
         from kvsweep.driver.templates import launch_templates
 
         device = ray_session.resolve_device(self.cfg.device, session)
@@ -184,7 +188,9 @@ class SweepRun:
             resources=dict(ray_cfg.resources),
         )
         ray_session.check_fits(needs)
-        self._connected = Connected(session, device, needs, launch_templates() if ray_cfg.fork_cells else None)
+        software = check_software(needs, session.local, ray_cfg.allow_mixed_versions, self.say)
+        templates = launch_templates() if ray_cfg.fork_cells else None
+        self._connected = Connected(session, device, needs, templates, software)
 
     def plan(self) -> None:
         from kvsweep.driver.capacity_search import plan_searches, search_text
@@ -392,6 +398,9 @@ class SweepRun:
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
+        software = self._connected.software if self._connected else None
+        if software is not None and (node := result.environment.get("ray_node_id")):
+            result.environment.update(software.cell_environment(str(node)))  # its node's software and GPU model
         reason = self.inputs.reasons.get(result.cell.model)
         if reason:
             result.tags[ResultTag.INPUTS_REASON] = redact_text(reason)

@@ -22,6 +22,7 @@ from kvsweep.names import (
     ENV_TAG_PREFIX,
     INPUTS_SHA256_PARAM,
     INT_PARAMS,
+    NODE_PARAMS,
     PARAM_KEYS,
     REPORT_DIR,
     SWEEP_ROLE,
@@ -172,6 +173,7 @@ class SweepTracker:
         metrics += [entities.Metric(k, float(getattr(result.cell, k)), now, 0) for k in INT_PARAMS]
         fed = result.environment.get(INPUTS_SHA256_PARAM)  # the prompts' hash, known once the cell has built them
         params = [Param(INPUTS_SHA256_PARAM, str(fed))] if fed else []
+        params += [Param(k, str(result.environment[k])) for k in NODE_PARAMS if result.environment.get(k)]
         self.client.log_batch(
             run_id,
             metrics=metrics,
