@@ -18,6 +18,7 @@ ENVIRONMENT_FIELDS = (
     ("driver", "driver_version"),
     ("device", "device_name"),
     ("kvsweep", "kvsweep_version"),
+    ("node software", "node_software"),  # a hash of the node's packages and kvsweep's sources (software_survey.py)
     ("host", "hostname"),
     ("python", "python_version"),
 )
