@@ -140,6 +140,15 @@ def test_the_header_names_what_differs_between_environments_and_protocols():
     assert "measure.repeats 3 -> 5" in protocol and "grid.caches" not in protocol  # the grid is what is matched
 
 
+def test_the_header_names_other_code_even_where_every_version_number_is_the_same():
+    """Two sweeps by kvsweep 0.1.0 whose sources differ (one node edited by hand): the version alone hides it."""
+    same = {"kvsweep_version": "0.1.0", "transformers_version": "5.25.0"}
+    a = side(result(cell(), environment={**same, "node_software": "1a2b3c4d5e6f"}), params={})
+    b = side(result(cell(), environment={**same, "node_software": "9f8e7d6c5b4a"}), params={})
+    lines = header_lines(compare_sweeps(a, b, Thresholds()))
+    assert "environment differs: node software 1a2b3c4d5e6f -> 9f8e7d6c5b4a" in lines, lines
+
+
 def test_the_slow_fault_carries_its_delay_and_is_refused_without_one():
     seams = seams_from({"faults": [{"fault": "slow", "match": {"cache": "static"}, "ms_per_token": 20}]})
     chosen = fault_for(cell("static").to_dict(), seams.faults)
