@@ -56,6 +56,8 @@ class RunTag:
     ERROR = "kvsweep.error"
     COMPARE_A = "kvsweep.compare_a"  # on a `compare --log` run: the parent run of sweep A...
     COMPARE_B = "kvsweep.compare_b"  # ...and of sweep B
+    LEASE_OWNER = "kvsweep.lease_owner"  # on a parent while a sweep writes to it: "host=... pid=... token=..."
+    LEASE_HEARTBEAT = "kvsweep.lease_heartbeat"  # the owner's renewal: its UTC time and a count, every beat
     PARENT_ID = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 

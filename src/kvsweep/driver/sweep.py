@@ -27,6 +27,7 @@ from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
 from kvsweep.testing.seams import Seams
 from kvsweep.tracking.journal import Journal, SweepHeader
+from kvsweep.tracking.lease_owner import LeaseHeld
 
 if TYPE_CHECKING:
     from kvsweep.driver.capacity_search import CapacitySearches
@@ -68,13 +69,18 @@ def run_sweep(
     try:
         sweep.connect(session)
         sweep.plan()
-        sweep.open_tracking()
+        try:
+            sweep.open_tracking()
+        except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
+            print(f"kvsweep: {held}", file=sys.stderr, flush=True)
+            return 2
         sweep.prefetch()
         sweep.prebuild()
         jobs = sweep.queue()
         interrupted = sweep.schedule(jobs)
         return interrupted if interrupted is not None else finish(sweep)
     finally:
+        sweep.release()
         ray_session.shutdown(session)
 
 
@@ -171,6 +177,11 @@ class SweepRun:
         else:
             self._progress.say(redact_text(text))
 
+    def release(self) -> None:
+        """The parent run's lease ends with the sweep, however it ends (nothing to do before `open_tracking`)."""
+        if self._tracking is not None:
+            self._tracking.sink.release()
+
     def connect(self, session: "RaySession") -> None:
         """The device cells run on, and what each needs from the cluster (checked to fit), and the same software
         on every node that can run one (`software_survey.py`: a mismatch is exit 2 here). The warm templates
@@ -214,6 +225,7 @@ class SweepRun:
     def open_tracking(self) -> None:
         """The journal first (results are on disk before MLflow sees them), then the MLflow sink."""
         from kvsweep.tracking.client import SweepTracker
+        from kvsweep.tracking.lease import LeaseTimes
         from kvsweep.tracking.sink import MlflowSink
 
         cfg, device, planned = self.cfg, self.connected.device, self.planned
@@ -240,7 +252,8 @@ class SweepRun:
         )
         journal = Journal(self.run_dir)
         journal.write_header(header)
-        sink = MlflowSink(SweepTracker(self.tracking_uri, header.experiment), journal, header, self.say)
+        tracker = SweepTracker(self.tracking_uri, header.experiment)
+        sink = MlflowSink(tracker, journal, header, self.say, LeaseTimes(**self.seams.lease))
         done = sink.open(resume=not cfg.rerun)
         self._tracking = Tracking(header, journal, sink, done)
         left = None if cfg.rerun or done or sink.down else older_parent(sink.tracker, cfg)

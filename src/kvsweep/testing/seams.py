@@ -1,5 +1,6 @@
 """Test seams a sweep accepts outside the user-facing config: `+testing.faults=[...]`, `+testing.runner=...`,
-`+testing.hub=FOLDER` (Hub repos served from a folder, `fake_hub.py`).
+`+testing.hub=FOLDER` (Hub repos served from a folder, `fake_hub.py`), `+testing.lease={period_s: 3, by_pid: false}`
+(the parent run's lease on short times, judged as from another host: `tracking/lease.py`).
 
 They are in neither the schema, `--help` nor the saved config. Composition takes the `testing` node
 off the composed config before it becomes typed and hands it here, where it is checked (one line per
@@ -14,7 +15,8 @@ from kvsweep.errors import ConfigError
 from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
-SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices")
+SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices", "lease")
+LEASE_KEYS = ("beat_s", "period_s", "window_s", "by_pid")  # tracking/lease.py's LeaseTimes
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Seams:
     sleep_s: float = 0.0  # how long the stand-in runner 'measures'
     hub: str = ""  # a folder of repos served in place of the Hugging Face Hub (fake_hub.py)
     split_devices: int = 0  # each cell's model placed over this many CPU devices, as over that many GPUs
+    lease: dict[str, Any] = field(default_factory=dict)  # the parent run's lease times (LEASE_KEYS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,7 +47,18 @@ def seams_from(raw: dict[str, Any] | None) -> Seams:
     split = raw.get("split_devices") or 0
     if isinstance(split, bool) or not isinstance(split, int) or split < 0:
         raise ConfigError(f"testing.split_devices: {split!r} is not a whole number of devices (0: no split)")
-    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub, split)
+    lease = _lease(dict(raw.get("lease") or {}))
+    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub, split, lease)
+
+
+def _lease(given: dict[str, Any]) -> dict[str, Any]:
+    for key, value in given.items():
+        if key not in LEASE_KEYS:
+            raise ConfigError(f"testing.lease.{key}: unknown key; allowed: {', '.join(LEASE_KEYS)}")
+        flag = key == "by_pid"
+        if isinstance(value, bool) != flag or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"testing.lease.{key}: {value!r} is not {'true or false' if flag else 'seconds'}")
+    return given
 
 
 def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:

@@ -83,16 +83,30 @@ class SweepTracker:
         """The latest parent run of this exact sweep (same config and experiment), to resume."""
         return latest_sweep(self.client, self.experiment_id, sweep_key)
 
+    def sweep_runs(self, sweep_key: str) -> list[Run]:
+        """Every parent run of this exact sweep that is not deleted (rivals that started it at the same time)."""
+        query = f"tags.`{RunTag.ROLE}` = '{SWEEP_ROLE}' and tags.`{RunTag.SWEEP_KEY}` = '{sweep_key}'"
+        return self.client.search_runs([self.experiment_id], query, max_results=1000)
+
     def start_sweep(self, name: str, sweep_key: str, params: dict[str, Any], config_yaml: str) -> str:
+        run_id = self.create_parent(name, sweep_key, {})
+        self.describe_parent(run_id, name, params, config_yaml)
+        return run_id
+
+    def create_parent(self, name: str, sweep_key: str, tags: dict[str, str]) -> str:
+        """The bare parent run, with its identity and `tags` (a lease) from its first instant."""
         run = self.client.create_run(
             self.experiment_id,
             run_name=name,
-            tags={RunTag.ROLE: SWEEP_ROLE, RunTag.SWEEP: name, RunTag.SWEEP_KEY: sweep_key},
+            tags={RunTag.ROLE: SWEEP_ROLE, RunTag.SWEEP: name, RunTag.SWEEP_KEY: sweep_key, **tags},
         )
-        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        self.client.log_text(run.info.run_id, config_yaml, "config.yaml")
-        self.save_compare_view(run.info.run_id, name, group_keys_from_config(config_yaml))
         return run.info.run_id
+
+    def describe_parent(self, run_id: str, name: str, params: dict[str, Any], config_yaml: str) -> None:
+        """The parent's params, config and saved chart view: written once it is sure to be this sweep's parent."""
+        self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self.client.log_text(run_id, config_yaml, "config.yaml")
+        self.save_compare_view(run_id, name, group_keys_from_config(config_yaml))
 
     def reopen_sweep(self, parent_run_id: str) -> None:
         self.client.update_run(parent_run_id, status="RUNNING")

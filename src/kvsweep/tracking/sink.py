@@ -3,6 +3,9 @@
 Every result is already in the journal when it reaches the sink. If MLflow fails, the sink says so
 once, keeps the results queued and retries with backoff as the sweep goes on; at the end it makes a
 last bounded attempt and tells the user how to `sync` whatever is left.
+
+While the sweep runs, it holds a lease on its parent run (`lease.py`): another identical sweep
+refuses to resume that parent instead of measuring its cells a second time.
 """
 
 import time
@@ -15,9 +18,12 @@ from kvsweep.names import REPORT_DIR, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.client import SweepTracker
-from kvsweep.tracking.delivery import SWEEP_FILES, ensure_parent, send_result, sync_journal
+from kvsweep.tracking.delivery import SWEEP_FILES, send_result, sync_journal
 from kvsweep.tracking.journal import JOURNAL_NAME, Journal, SweepHeader
+from kvsweep.tracking.lease import Lease, LeaseTimes
+from kvsweep.tracking.lease_owner import LeaseHeld
 from kvsweep.tracking.readback import finished, result_from_run
+from kvsweep.tracking.take_parent import Taken, take_parent
 
 MAX_BACKOFF_S = 60.0
 FINAL_ATTEMPTS = 3
@@ -25,12 +31,19 @@ FINAL_ATTEMPTS = 3
 
 class MlflowSink:
     def __init__(
-        self, tracker: SweepTracker, journal: Journal, header: SweepHeader, say: Callable[[str], None]
+        self,
+        tracker: SweepTracker,
+        journal: Journal,
+        header: SweepHeader,
+        say: Callable[[str], None],
+        lease_times: LeaseTimes | None = None,
     ) -> None:
         self.tracker = tracker
         self.journal = journal
         self.header = header
         self.say = say
+        self.lease_times = lease_times or LeaseTimes()
+        self.lease: Lease | None = None  # this sweep's hold on its parent run, from open to close
         self.parent_run_id: str | None = None
         self.cell_runs: dict[str, str] = {}
         self.pending: list[CellResult] = []
@@ -60,29 +73,41 @@ class MlflowSink:
 
     # -- the sweep
     def open(self, resume: bool) -> dict[str, CellResult]:
-        """Find (resume) or start the parent run; returns the cells MLflow already has results for."""
+        """Find (resume) or start the parent run; returns the cells MLflow already has results for.
+
+        Raises `LeaseHeld` when another live sweep writes to the parent it would resume."""
         try:
             return self._open(resume)
+        except LeaseHeld:
+            raise
         except Exception as exc:
             self._failed(exc)
             return {}
 
     def _open(self, resume: bool) -> dict[str, CellResult]:
-        found = self.tracker.find_sweep(self.header.sweep_key) if resume else None
-        if found is None:
-            self._set_parent(
-                self.tracker.start_sweep(
-                    self.header.name, self.header.sweep_key, self.header.params, self.header.config_yaml
-                )
-            )
+        taken = self._take_parent(resume)
+        if not taken.resumed:
             return {}
-        self._set_parent(found)
+        found = taken.run_id
         self.tracker.reopen_sweep(found)
         self._sync_previous_journal(found)
         children = self.tracker.child_runs(found)
         self.cell_runs = {cid: run.info.run_id for cid, run in children.items()}
         done = {cid: result_from_run(run) for cid, run in children.items() if finished(run)}
         return {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
+
+    def _take_parent(self, resume: bool) -> Taken:
+        """The parent this sweep writes to, leased to it until `release` (take_parent.py)."""
+        taken = take_parent(self.tracker, self.header, resume, self.lease_times, self.say)
+        self.lease = taken.lease
+        self._set_parent(taken.run_id)
+        return taken
+
+    def release(self) -> None:
+        """The parent is this sweep's no more: a later run may resume it (best effort; a lease left behind expires)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()
 
     def _set_parent(self, run_id: str) -> None:
         self.parent_run_id = run_id
@@ -124,8 +149,8 @@ class MlflowSink:
         if not self.pending or not self._may_try():
             return
         try:
-            if self.parent_run_id is None:
-                self._set_parent(ensure_parent(self.tracker, self.header, None))
+            if self.parent_run_id is None:  # MLflow was down at open: every cell ran here, so a parent of its own
+                self._take_parent(resume=False)
             while self.pending:
                 send_result(self.tracker, self.parent_run_id, self.cell_runs, self.pending[0], self.header)
                 self.pending.pop(0)
@@ -135,9 +160,16 @@ class MlflowSink:
 
     def close(self, status: str, counts: dict[str, int], cell_tags: dict[str, dict[str, str]] | None = None) -> int:
         """Last attempts to send everything and end the parent run; returns how many results are unsent.
+        The lease ends with it.
 
         `cell_tags` (cell id -> tags) are what the report decided across cells (the quality verdicts):
         written onto the cells' runs once every result is in; `kvsweep report` writes them again."""
+        try:
+            return self._close(status, counts, cell_tags)
+        finally:
+            self.release()
+
+    def _close(self, status: str, counts: dict[str, int], cell_tags: dict[str, dict[str, str]] | None) -> int:
         for attempt in range(FINAL_ATTEMPTS):
             if attempt:
                 time.sleep(min(self.backoff_s, 5.0))
@@ -172,3 +204,4 @@ class MlflowSink:
             self.tracker.client.set_terminated(self.parent_run_id, "KILLED")
         except Exception as exc:
             self._failed(exc)
+        self.release()

@@ -1,0 +1,164 @@
+"""A running sweep's lease on its parent run, kept in the run's tags so it works on any MLflow store.
+
+MLflow has no compare-and-set and keeps no server-side time for a tag (a run's start and end times
+are the client's), so kvsweep compares no timestamps between machines. The owner rewrites both lease
+tags every `beat_s`; a reader that cannot check the owner's process itself (`lease_owner.py`) calls
+the lease live as soon as the tags change, and stale once they stayed the same for `period_s` on the
+reader's own monotonic clock. A claim writes the tags, waits, and reads them back: it holds the lease
+only if nobody wrote since (Fischer's mutual exclusion; the timing argument is in docs/reliability.md).
+"""
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+from kvsweep.names import RunTag
+from kvsweep.tracking.lease_owner import Owner
+
+RELEASE_WAIT_S = 5.0  # how long release waits for a beat in flight (an HTTP request) before clearing the tags
+
+
+@dataclass(frozen=True)
+class LeaseTimes:
+    beat_s: float = 1.0  # the owner rewrites its lease this often
+    period_s: float = 30.0  # tags unchanged this long, watched from one clock: the owner is gone
+    window_s: float = 1.0  # a claim whose read-to-write took longer is slow: it waits longer, or backs off
+    by_pid: bool = True  # an owner on this kernel is judged by its process at once (off: watched, as from elsewhere)
+
+    @property
+    def settle_s(self) -> float:
+        """How long a prompt claim waits before reading back: longer than any prompt rival's read-to-write."""
+        return self.window_s * 1.2
+
+    @property
+    def slow_settle_s(self) -> float:
+        """A slow claim waits past the next beat of an owner it may have overwritten (its beats undo that)."""
+        return self.beat_s * 3
+
+
+class Verdict(Enum):
+    FREE = "free"  # no lease: the last sweep released it
+    STALE = "stale"  # its owner is dead (process gone, or no beat for a whole period)
+    LIVE = "live"  # another sweep writes to this parent now
+    GONE = "gone"  # the run was deleted meanwhile (a sweep that lost a start race): look again
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The lease as one read found it."""
+
+    active: bool  # the run is not deleted
+    owner_tag: str
+    beat: str
+    read_at: float  # monotonic time the read was sent
+
+    @property
+    def owner(self) -> Owner | None:
+        return Owner.parse(self.owner_tag) if self.owner_tag else None
+
+    def same_as(self, other: "Seen") -> bool:
+        return (self.active, self.owner_tag, self.beat) == (other.active, other.owner_tag, other.beat)
+
+
+def read(client: Any, run_id: str) -> Seen:
+    sent = time.monotonic()
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    active = run.info.lifecycle_stage == "active"
+    return Seen(active, tags.get(RunTag.LEASE_OWNER, ""), tags.get(RunTag.LEASE_HEARTBEAT, ""), sent)
+
+
+def lease_tags(owner: Owner, beat: int = 0) -> dict[str, str]:
+    """The lease's two tags; the beat counts up, so every renewal changes them."""
+    return {RunTag.LEASE_OWNER: owner.tag(), RunTag.LEASE_HEARTBEAT: f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} #{beat}"}
+
+
+def write(client: Any, run_id: str, tags: dict[str, str]) -> None:
+    from mlflow.entities import RunTag as Tag
+
+    client.log_batch(run_id, tags=[Tag(k, v) for k, v in tags.items()])  # one request: both tags or neither
+
+
+def judge(
+    client: Any, run_id: str, times: LeaseTimes, watching: Callable[[Owner | None], None]
+) -> tuple[Verdict, Seen]:
+    """Whether the lease on `run_id` is held by a live sweep; also the last read (a claim starts from it).
+
+    A lease still being taken (count 0: its claimant has not read it back) is watched until it is renewed,
+    so that a refusal names the sweep that goes on, not a rival about to back off. `watching(owner)` is told
+    before the lease of an owner elsewhere is watched for up to `period_s`."""
+    first = now = read(client, run_id)
+    since, changed, told = time.monotonic(), False, False
+    while True:
+        if not now.active:
+            return Verdict.GONE, now
+        if not now.owner_tag:
+            return Verdict.FREE, now
+        alive = now.owner.alive_here() if now.owner and times.by_pid else None
+        if alive is False:
+            return Verdict.STALE, now
+        changed = changed or not now.same_as(first)  # written meanwhile: somebody is at it
+        if (alive or changed) and renewed(now):
+            return Verdict.LIVE, now
+        if now.read_at - since >= times.period_s:  # not renewed once while watched
+            return (Verdict.LIVE if alive or changed else Verdict.STALE), now
+        if alive is None and not told:
+            watching(now.owner)
+            told = True
+        time.sleep(times.beat_s)
+        now = read(client, run_id)
+
+
+def renewed(seen: Seen) -> bool:
+    """The holder has renewed its lease at least once: it read its claim back and holds it."""
+    count = seen.beat.rpartition("#")[2]
+    return count.isdigit() and int(count) > 0
+
+
+def claim(client: Any, run_id: str, owner: Owner, times: LeaseTimes, last_read: Seen) -> bool:
+    """Take a free or stale lease, seen last in `last_read`: whether it is ours (nobody wrote it since)."""
+    tags = lease_tags(owner)
+    write(client, run_id, tags)
+    prompt = time.monotonic() - last_read.read_at <= times.window_s
+    time.sleep(times.settle_s if prompt else times.slow_settle_s)
+    now = read(client, run_id)
+    return now.active and (now.owner_tag, now.beat) == (tags[RunTag.LEASE_OWNER], tags[RunTag.LEASE_HEARTBEAT])
+
+
+class Lease:
+    """This sweep's hold on its parent run: renewed by a background thread until released."""
+
+    def __init__(self, client: Any, run_id: str, owner: Owner, times: LeaseTimes) -> None:
+        self.client, self.run_id, self.owner, self.times = client, run_id, owner, times
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="kvsweep-lease", daemon=True)
+
+    def start(self) -> "Lease":
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        beat = 1
+        while not self._stop.wait(self.times.beat_s):
+            with contextlib.suppress(Exception):  # MLflow away a moment: the next beat tries again (period_s)
+                write(self.client, self.run_id, lease_tags(self.owner, beat))
+            beat += 1
+
+    def release(self) -> None:
+        """Stop renewing and clear the tags if they are still ours (best effort: if MLflow cannot be reached,
+        the lease expires by itself)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(RELEASE_WAIT_S)
+        try:
+            if read(self.client, self.run_id).owner_tag != self.owner.tag():
+                return
+            for key in (RunTag.LEASE_OWNER, RunTag.LEASE_HEARTBEAT):
+                self.client.delete_tag(self.run_id, key)
+        except Exception:
+            pass
