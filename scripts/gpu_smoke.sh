@@ -98,13 +98,14 @@ mkdir -p "$weights_out"
 python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
   'grid.weights=[quanto-int8,quanto-int4,bnb-int8,bnb-nf4,torchao-int4]' "hydra.run.dir=$weights_out" \
   "mlflow.tracking_uri=sqlite:///$weights_out/mlflow.db" >"$weights_out/sweep.log" 2>&1 || true
-# A node with two GPUs or more: a model split over two GPUs per cell (each GPU's layers and peak recorded).
+# A node with two GPUs or more: a model split over two GPUs per cell (each GPU's layers and peak recorded),
+# each GPU capped at 8 GB (the tag must name both; the smoke model needs far less).
 split=()
 if (( $(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ') >= 2 )); then  # "GPU 0: NVIDIA H100 ..." each
   split_out=$out/two_gpus
   mkdir -p "$split_out"
   python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic,static]' \
-    'grid.compile=[false]' ray.gpus_per_cell=2 "hydra.run.dir=$split_out" \
+    'grid.compile=[false]' ray.gpus_per_cell=2 measure.device_memory_limit_gb=8 "hydra.run.dir=$split_out" \
     "mlflow.tracking_uri=sqlite:///$split_out/mlflow.db" >"$split_out/sweep.log" 2>&1 || true
   split=(--expect-split "$split_out")
 else

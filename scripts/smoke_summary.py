@@ -32,7 +32,8 @@ Exits 1 when any of these is found (each is one problem):
   samples) and a peak for each of its GPUs in every repeat, the largest equal to its
   `peak_device_mem_bytes` (each GPU's measured peak is printed beside the planner's prediction); and
   both GPUs' UUIDs, a sharing probe of each, and (where the GPUs have energy counters) both GPUs' energy
-  summed into `joules_per_token` (scripts/smoke_gpu_readings.py);
+  summed into `joules_per_token` (scripts/smoke_gpu_readings.py); and its memory limit on both GPUs
+  (`kvsweep.memory_limit` names GPU 0 and GPU 1);
 - on CUDA, what only a GPU shows (scripts/smoke_gpu_readings.py): a forked cell whose NVML could not start
   afresh, a `joules_per_token` missing for another reason than a GPU without the counter (a repeats'
   spread over 20% is said, not counted), a CPU slot not on the NUMA node its GPU hangs off.
@@ -348,6 +349,9 @@ def split_mismatch(result: CellResult, placement: dict, each: list[list[int]]) -
     recorded = [call.get(Metric.PEAK_DEVICE_MEM_BYTES) for call in result.samples["repeats"]]
     if largest != recorded:
         return "peak_device_mem_bytes SHOULD BE THE LARGEST GPU'S"
+    limit = str(result.tags.get(ResultTag.MEMORY_LIMIT, ""))
+    if not all(f"GPU {index} " in limit for index in (0, 1)):
+        return f"THE MEMORY LIMIT SHOULD CAP BOTH GPUS (kvsweep.memory_limit {limit or '-'})"
     return None
 
 

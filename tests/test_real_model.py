@@ -60,6 +60,14 @@ def _line(outcome, context: int) -> str:
     return line
 
 
+def _refused(line: str) -> str:
+    """The selection line's refusals alone: a cell flagged or seen contended on this noisy machine is not refused."""
+    refused = line.partition("refused: ")[2]
+    for later in ("; flagged: ", "; CONTENDED deciding cells: "):
+        refused = refused.partition(later)[0]
+    return refused
+
+
 def test_dynamic_finds_the_keys_a_working_task_asks_for(real_sweep):
     """At least 0.9 at 512 tokens and 0.75 at 1,024: the task is one this model can do, so it can judge caches."""
     cells = _cells(real_sweep)
@@ -95,7 +103,7 @@ def test_int8_keeps_the_task_and_is_not_refused_for_its_kl(real_sweep):
         assert int8["passkey_accuracy_ci_high"] >= dynamic["passkey_accuracy_ci_low"]  # the intervals overlap
         assert dynamic["passkey_accuracy"] - int8["passkey_accuracy"] <= 0.05
         assert cells[("quantized-hqq-int8", context)].data.tags["kvsweep.quality_loss"] == "false"
-        assert "quantized-hqq-int8 (" not in _line(real_sweep, context).partition("refused: ")[2]
+        assert "quantized-hqq-int8 (" not in _refused(_line(real_sweep, context))
 
 
 def test_int4_is_labelled_as_its_intervals_say_and_its_kl_is_below_int2s(real_sweep):

@@ -824,6 +824,30 @@ def test_on_cuda_a_cells_cpus_sit_on_its_gpus_numa_node(tmp_path, gpu_nodes, ask
     assert lines[-1] == f"{'FAILED' if problems else 'OK'}: {problems} problem(s)" and code == (1 if problems else 0)
 
 
+def memory_limit_tag(gpus: int) -> str:
+    """What the cell's own code tags for an 8 GB limit on `gpus` GPUs of 80 GB."""
+    from kvsweep.cell.memory_limit import memory_limit
+
+    class Eighty:
+        def total_memory(self, index: int) -> int:
+            return 80 * 10**9
+
+        def set_fraction(self, fraction: float, index: int) -> None:
+            pass
+
+    with memory_limit("cuda", 8.0, gpus, Eighty()) as how:
+        return how
+
+
+def test_a_split_cell_whose_memory_limit_capped_one_gpu_fails_the_summary(tmp_path):
+    one_capped = split_cell_record()
+    one_capped.tags[ResultTag.MEMORY_LIMIT] = memory_limit_tag(gpus=1)  # what kvsweep did before: GPU 0 only
+    folder = write_journal(tmp_path / "split", [one_capped])
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-split", str(folder))
+    assert any("THE MEMORY LIMIT SHOULD CAP BOTH GPUS" in line for line in lines), lines
+    assert code == 1
+
+
 def split_cell_record(second_energy: bool = True, second_probed: bool = True, joules: float | None = None):
     """A cell of the two-GPU sweep, its energy and sharing records made by the cell's own code on NVML's
     stand-in: the measured phase draws 300 J on the first GPU and 100 J on the second over 1,600 tokens."""
@@ -841,6 +865,7 @@ def split_cell_record(second_energy: bool = True, second_probed: bool = True, jo
     probe.check()
     result = from_cell(cell(), gpu_uuids="GPU-a,GPU-b", **probe.record())
     result.tags[ResultTag.PLACEMENT] = "0-14 | 15-29"
+    result.tags[ResultTag.MEMORY_LIMIT] = memory_limit_tag(gpus=2)
     result.metrics[Metric.JOULES_PER_TOKEN] = energy.joules_per_token if joules is None else joules
     result.samples = {
         "placement": {"devices": ["cuda:0", "cuda:1"], "layers": [[0, 14], [15, 29]], "predicted_peak_bytes": [5, 6]},
