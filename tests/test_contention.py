@@ -52,12 +52,17 @@ def test_one_spinner_takes_one_cpu_of_the_cells_cpus():
 def test_our_own_busy_loop_is_not_counted_as_others():
     meter = HostMeter()
     meter.start()
+    ours = time.process_time()
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
         pass
+    ours = time.process_time() - ours
     reading = meter.stop()
     assert reading is not None
-    assert reading.other_share < 0.1
+    # Counted as others, the loop alone would be `ours` (about a CPU-second); a shared host's background
+    # (a CI guest has shown 0.2 CPU-s in such a second) stays well under half of it.
+    assert ours > 0.8
+    assert reading.other_s < 0.5 * ours, (reading, ours)
 
 
 def test_no_counters_means_unknown_never_a_silent_pass(tmp_path):

@@ -63,8 +63,8 @@ class GenerateSession:
         self.device_memory = device_memory or (CudaMemory() if self.cuda else None)
         self.clock = TokenClock(sync=self.device_memory.synchronize if self.device_memory else None)
         processors: list[Any] = [self.clock]
-        if fault is not None:
-            processors.append(InjectFault(fault))
+        if fault is not None:  # a `slow` sleep goes before the clock: every token, the first too, pays it
+            processors.insert(0 if fault.kind == "slow" else 1, InjectFault(fault))
         self.processors = LogitsProcessorList(processors)
         self.quality_fault = quality_fault
         self.eager_forward = getattr(model, "forward", None)

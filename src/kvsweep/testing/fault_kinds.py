@@ -3,7 +3,7 @@
 Most faults fire inside `generate`, in the measured calls (`measure`) or the quality check
 (`quality`). `cuda_init` fires when the cell starts its device (`start`): CUDA's initialisation
 raises, as it does on a driver older than the torch build. `slow` fails nothing: it sleeps
-`ms_per_token` in every decode step, the regression `python -m kvsweep compare` must find.
+`ms_per_token` for every token (the first too), the regression `python -m kvsweep compare` must find.
 """
 
 from dataclasses import dataclass

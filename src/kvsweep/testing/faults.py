@@ -45,8 +45,9 @@ def _driver_too_old() -> None:
 
 
 class InjectFault(LogitsProcessor):
-    """Runs after the token clock in the processor list, so a `slow` sleep falls after the token's time
-    stamp: TTFT is untouched and every gap between two tokens (each decode step) holds one sleep."""
+    """A `slow` fault runs before the token clock, so its sleep falls inside each token's time: TTFT holds
+    one sleep and so does every gap between two tokens, as if every forward pass had got slower. The
+    others run after the clock."""
 
     def __init__(self, fault: Fault) -> None:
         self.fault = fault.kind
