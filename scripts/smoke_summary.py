@@ -61,9 +61,9 @@ from kvsweep.tracking.journal import Journal
 
 MIB = 1 << 20
 # How kvsweep.cell.environment's error for a CUDA that cannot start begins (its class name, as
-# kvsweep.cell.run records every failure); imported by name, it would load torch and Transformers here.
+# kvsweep.cell.run_cell records every failure); imported by name, it would load torch and Transformers here.
 CUDA_START_ERROR = "CudaStartError"
-THREADS_FROM_RESERVATION = "ray.cpus_per_cell"  # kvsweep.cell.threads: auto threads on CUDA follow Ray's CPUs
+THREADS_FROM_RESERVATION = "ray.cpus_per_cell"  # kvsweep.cell.process: auto threads on CUDA follow Ray's CPUs
 # Published peak memory bandwidth in GB/s, by a pattern of the device's name (the first match counts).
 # `mem_bandwidth_gbps` counts a copy's bytes read plus written (STREAM's convention), as a peak does: a
 # reading above PEAK_CEILING x peak is impossible, one below PEAK_FLOOR x peak a broken measurement. A MIG

@@ -85,7 +85,7 @@ def cell_template(ray_cluster):
     Ray collects a named actor once no handle refers to it: without this, each in-process sweep
     would start its own template and re-import torch and Transformers. Sweeps find it by name.
     """
-    from kvsweep.driver.templates import launch_templates
+    from kvsweep.driver.template_launch import launch_templates
 
     templates = launch_templates()
     assert templates.wait() == "", templates.problem

@@ -71,7 +71,7 @@ def _docstrings(tree) -> set[int]:
 
 
 def _is_module_path(text: str) -> bool:
-    """`kvsweep.cell.run`: a module kvsweep imports by name, not an MLflow key."""
+    """`kvsweep.cell.run_cell`: a module kvsweep imports by name, not an MLflow key."""
     import importlib.util
 
     try:

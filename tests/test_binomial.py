@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kvsweep.measure.binomial import binomial_cdf, exact_interval
+from kvsweep.measure.statistics import binomial_cdf, exact_interval
 
 # Clopper-Pearson 95% intervals as tabulated (e.g. scipy.stats.binomtest(k, n).proportion_ci("exact")).
 TEXTBOOK = [

@@ -11,7 +11,7 @@ import pytest
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from kvsweep.caches import get_strategy
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.cache_identity import describe_cache, mismatch
 from kvsweep.models.presets import PRESETS
@@ -57,7 +57,7 @@ def test_a_model_that_ignores_cache_implementation_fails_the_cell(cacheless_mode
 def test_compile_asked_but_not_done_fails_the_cell():
     """TORCHDYNAMO_DISABLE=1 makes torch.compile silently run eager; a fresh process, as each cell is."""
     script = (
-        "import json; from kvsweep.cell.run import run_cell; "
+        "import json; from kvsweep.cell.run_cell import run_cell; "
         f"print(json.dumps(run_cell({cell('static', compile=True)!r}, {PROTO!r})))"
     )
     env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}

@@ -2,7 +2,7 @@
 quality refusal, the frontier tags, the figure, and a search's lone probes kept out of the decision list.
 
 Every expectation is worked out by hand from the probes built here. Searches walk the way
-capacity/stepping.py says: from the predicted batch p, up by 1, 2, 4 ... above p until a probe fails,
+capacity/search_steps.py says: from the predicted batch p, up by 1, 2, 4 ... above p until a probe fails,
 then halve the bracket. The SLO is tpot <= 50 ms on the interval's upper end. Fast tier: the one MLflow
 round trip (`kvsweep report`) uses a copied sqlite store, no server.
 """
@@ -15,12 +15,12 @@ import pytest
 from mlflow import MlflowClient
 
 from kvsweep.capacity.frontier import SearchSettings, frontiers
-from kvsweep.capacity.verdict import Slo
+from kvsweep.capacity.probe_verdict import Slo
 from kvsweep.cli.report import capacity_context, rebuild_report
 from kvsweep.grid import Cell
 from kvsweep.names import CAPACITY_CSV, Metric, ResultTag, ci_high, ci_low
+from kvsweep.report.report_files import CapacityContext, ReportContext, write_report
 from kvsweep.report.selection import Settings
-from kvsweep.report.write import CapacityContext, ReportContext, write_report
 from kvsweep.results import OK, OOM, CellResult
 from kvsweep.tracking.client import SweepTracker
 

@@ -8,10 +8,9 @@ import math
 
 import pytest
 
-from kvsweep.capacity.aim import aim, crossing
 from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, frontier_of, frontiers
-from kvsweep.capacity.stepping import Stepping
-from kvsweep.capacity.verdict import MAX_BATCH, MEMORY, SLO_TPOT, UNFINISHED, Slo
+from kvsweep.capacity.probe_verdict import MAX_BATCH, MEMORY, SLO_TPOT, UNFINISHED, Slo
+from kvsweep.capacity.search_steps import Stepping, aim, crossing
 from kvsweep.config.compose import compose_config
 from kvsweep.driver.capacity_search import plan_searches
 from kvsweep.grid import MeasureProtocol, cell_id
@@ -226,7 +225,7 @@ def test_the_dry_run_prints_each_predicted_frontier_the_largest_batch_the_planne
     from kvsweep.driver.dry_run import dry_run
     from kvsweep.models.presets import PRESETS
     from kvsweep.models.shape import shape_from_dict
-    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
+    from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak
 
     cfg = compose_config(["+sweep=capacity", "planner.device_memory_gb=80"]).config
     assert dry_run(cfg) == 0
@@ -244,7 +243,7 @@ def test_the_dry_run_prints_each_predicted_frontier_the_largest_batch_the_planne
 
 
 def test_a_memory_limit_is_the_gpu_the_planner_fits_grid_cells_to():
-    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES
+    from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES
     from kvsweep.plan.sweep_plan import plan_sweep
 
     args = ["+sweep=long_context", "planner.device_memory_gb=80", "measure.device_memory_limit_gb=24"]

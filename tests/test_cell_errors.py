@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from conftest import cell_runs
-from kvsweep.cell.run import record_failure, run_cell
+from kvsweep.cell.run_cell import record_failure, run_cell
 from kvsweep.cell.template import NO_RESULT
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.results import ERROR, OK, CellResult
-from kvsweep.testing.seams import seams_from
+from kvsweep.testing.testing_config import seams_from
 from kvsweep.tracking.journal import Journal
 
 CELL = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False)

@@ -9,16 +9,15 @@ import math
 import pytest
 
 from kvsweep.compare.comparison import CELL_METRIC, STATUS_METRIC, SweepSide, compare_sweeps
+from kvsweep.compare.judging import Thresholds, drift_thresholds, judge
 from kvsweep.compare.metrics import BY_NAME, interval
 from kvsweep.compare.tables import header_lines, ordered
-from kvsweep.compare.thresholds import Thresholds, drift_thresholds
-from kvsweep.compare.verdict import judge
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell
 from kvsweep.names import Metric, ResultTag, ci_high, ci_low
 from kvsweep.results import OK, OOM, CellResult
 from kvsweep.testing.faults import fault_for
-from kvsweep.testing.seams import seams_from
+from kvsweep.testing.testing_config import seams_from
 
 TPOT = BY_NAME[Metric.TPOT_MS]
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from kvsweep.caches import get_strategy
+from kvsweep.cell.call_inputs import random_ids
 from kvsweep.cell.checks import CudaGraphsSkipped, check_cudagraphs_used
-from kvsweep.cell.feed import random_ids
 from kvsweep.cell.generate_session import GenerateSession
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.compile_events import cudagraph_skips
 from kvsweep.models.build import build_model

@@ -14,10 +14,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
-from kvsweep.measure.contention import CallContention, HostMeter
-from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
+from kvsweep.measure.contention import CallContention, HostEvidence, HostMeter, gpu_verdict, merge
 
 CPUS = sorted(os.sched_getaffinity(0))
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass"

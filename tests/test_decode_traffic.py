@@ -8,7 +8,7 @@ import pytest
 
 from kvsweep.caches import get_strategy
 from kvsweep.models.shape import KvShape
-from kvsweep.plan.kv_bytes import decode_kv_traffic
+from kvsweep.plan.kv_prediction import decode_kv_traffic
 
 # 3 layers, 2 KV heads of 4: one cached token is 2 (K, V) x 3 x 2 x 4 = 48 elements; batch 2, float32
 SMALL = KvShape(layers=3, kv_heads=2, head_dim=4, max_positions=None)

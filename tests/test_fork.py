@@ -108,7 +108,7 @@ def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
     import pickle
     import pickletools
 
-    from kvsweep.cell.run import run_cell
+    from kvsweep.cell.run_cell import run_cell
     from kvsweep.grid import Cell, MeasureProtocol
 
     cell = Cell("tiny-llama", "float32", 64, 1, 4, "static", False)
@@ -123,7 +123,7 @@ def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
 def test_host_oom_kills_are_read_from_the_processs_memory_cgroup(tmp_path):
     """A forked cell killed by SIGKILL is a host OOM when its cgroup's `oom_kill` count rose (kernel docs:
     cgroup v2 `memory.events`, v1 `memory.oom_control`)."""
-    from kvsweep.cell.host_oom import oom_kills
+    from kvsweep.cell.process import oom_kills
 
     v2 = tmp_path / "v2"
     (v2 / "kvsweep.slice").mkdir(parents=True)

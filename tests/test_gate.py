@@ -5,7 +5,7 @@ import fcntl
 
 import pytest
 
-from kvsweep.cell.gate import GatedRun
+from kvsweep.cell.host_lock import GatedRun
 
 
 def _can_prepare(path) -> bool:

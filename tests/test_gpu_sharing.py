@@ -8,8 +8,8 @@ list that cannot contain it (empty) is no evidence of being alone. A cell over t
 import time
 
 from fake_nvml import FakeGpu, FakeNvml
+from kvsweep.measure.contention import gpu_verdict
 from kvsweep.measure.gpu_sharing import SharingProbe, nvml_processes, others
-from kvsweep.measure.verdict import gpu_verdict
 
 
 def probe_seeing(*lists: list[int] | None, own_pid: int = 42) -> SharingProbe:

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from kvsweep.cell.run import run_cell
-from kvsweep.cell.threads import Threads, resolve_threads
+from kvsweep.cell.process import Threads, resolve_threads
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.grid import MeasureProtocol

@@ -103,7 +103,7 @@ def test_predicted_weights_equal_the_built_models_parameter_bytes(model, dtype):
     from kvsweep.caches import get_strategy
     from kvsweep.models.build import build_model
     from kvsweep.models.resolve import parameter_count
-    from kvsweep.plan.memory import estimate_peak
+    from kvsweep.plan.memory_fit import estimate_peak
 
     config = load_config(classify(model))
     built = build_model(classify(model), dtype, "cpu", seed=0)
@@ -133,7 +133,7 @@ def test_cells_predicted_not_to_fit_are_skipped_on_cuda():
 
 
 def test_planner_device_memory_gb_counts_gigabytes_as_its_name_says():
-    from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, detect_device_bytes, fits
+    from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, MemoryEstimate, detect_device_bytes, fits
 
     assert detect_device_bytes("cuda", 80) == 80_000_000_000
     assert detect_device_bytes("cuda", 0.5) == 500_000_000

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.driver.hub_prefetch import (
     HubSettings,
     ModelFetch,
@@ -31,7 +31,7 @@ from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.redact import MASK, redact_text
 from kvsweep.testing.fake_hub import FETCH_LOG, FolderHub
 from kvsweep.testing.kv_heavy import save_kv_heavy
-from kvsweep.testing.seams import seams_from
+from kvsweep.testing.testing_config import seams_from
 
 TINY = "kvsweep-test/tiny"
 JUNK = ("README.md", ".gitattributes", "pytorch_model.bin", "onnx/model.onnx", "original/consolidated.pth")

@@ -6,7 +6,7 @@ from statistics import NormalDist
 
 import pytest
 
-from kvsweep.measure.intervals import median_interval, precise_enough
+from kvsweep.measure.statistics import median_interval, precise_enough
 
 
 @pytest.mark.parametrize("n", [6, 10, 31, 100])

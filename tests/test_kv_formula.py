@@ -7,11 +7,11 @@ where a residual-window guess goes wrong; every CPU strategy is run for real on 
 import pytest
 
 from kvsweep.caches import cache_names, get_strategy
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.resolve import classify, kv_shape, load_config
 from kvsweep.plan.cell_plan import plan_cell
-from kvsweep.plan.memory import estimate_peak
+from kvsweep.plan.memory_fit import estimate_peak
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))

@@ -15,16 +15,16 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvsweep.caches import get_strategy
 from kvsweep.caches.layer_tokens import quantized_layers_problem
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.measure.kv_reading import cache_bytes
 from kvsweep.models.build import build_model
 from kvsweep.models.facts import read_facts
 from kvsweep.models.resolve import classify, kv_shape, load_config
 from kvsweep.models.shape import KvShape, shape_from_dict
 from kvsweep.plan.cell_plan import plan_cell
-from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
-from kvsweep.plan.memory import estimate_peak
+from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic
+from kvsweep.plan.memory_fit import estimate_peak
 from kvsweep.plan.offload import pinned_host_bytes, prefill_bytes
 from kvsweep.plan.sweep_plan import predicted_metrics
 from kvsweep.testing.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from kvsweep.errors import ConfigError
-from kvsweep.testing.seams import seams_from
+from kvsweep.testing.testing_config import seams_from
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import SweepHeader
 from kvsweep.tracking.lease import LeaseTimes, lease_tags

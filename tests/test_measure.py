@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvsweep.measure.kv_bytes import cache_bytes
-from kvsweep.measure.memory import track_peak_memory
-from kvsweep.measure.stats import median, percentile
+from kvsweep.measure.kv_reading import cache_bytes
+from kvsweep.measure.peak_memory import track_peak_memory
+from kvsweep.measure.statistics import median, percentile
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.redact import redact_uri
 

@@ -34,7 +34,7 @@ def allocations_under_a_limit():
     import torch
 
     from kvsweep.cell.memory_limit import memory_limit, vm_data_bytes
-    from kvsweep.cell.oom import out_of_memory
+    from kvsweep.cell.process import out_of_memory
 
     torch.set_num_threads(1)
     seen = {"rlimit_before": resource.getrlimit(resource.RLIMIT_DATA), "vm_data_gb": vm_data_bytes() / GB}
@@ -109,7 +109,7 @@ def cell(context, batch):
 
 def cells_with_and_without_the_limit():
     """Three real cells in one process, in order: small and large under the limit, then large without."""
-    from kvsweep.cell.run import run_cell
+    from kvsweep.cell.run_cell import run_cell
     from kvsweep.grid import MeasureProtocol
 
     exact = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)

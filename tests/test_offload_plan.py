@@ -16,12 +16,12 @@ from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.kv_bytes import cache_bytes
+from kvsweep.measure.kv_reading import cache_bytes
 from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.plan.calls import most_measured, worst_case_calls
 from kvsweep.plan.cell_plan import plan_cell
-from kvsweep.plan.kv_bytes import decode_kv_traffic
+from kvsweep.plan.kv_prediction import decode_kv_traffic
 from kvsweep.plan.offload import HostLimits, estimate_offload
 from kvsweep.plan.sweep_plan import model_facts
 

@@ -175,7 +175,7 @@ def test_random_weights_run_no_task_and_are_only_flagged(shape_only):
 
 
 def test_the_runs_end_names_only_groups_where_dynamic_itself_failed_its_task():
-    from kvsweep.driver.sweep_end import task_failures
+    from kvsweep.driver.sweep_finish import task_failures
 
     failed = only([cell("dynamic", 5), cell("quantized-hqq-int2", 0, tpot=6.0)])
     no_dynamic = only([cell("static", 16, context=1024), cell("quantized-hqq-int2", 0, context=1024, tpot=6.0)])

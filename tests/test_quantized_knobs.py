@@ -8,14 +8,14 @@ import torch
 from transformers import LlamaConfig, QuantizedCache
 
 from kvsweep.caches import allowed_cache_names, get_strategy
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.cli import main
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.cache_identity import describe_cache, mismatch
 from kvsweep.models.build import build_model
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.resolve import classify, kv_shape, load_config
-from kvsweep.plan.kv_bytes import cell_stored_kv_bytes
+from kvsweep.plan.kv_prediction import cell_stored_kv_bytes
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))  # 4 layers, 2 KV heads of 32

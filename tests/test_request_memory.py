@@ -15,9 +15,9 @@ import torch
 
 from kvsweep.caches import get_strategy
 from kvsweep.cell.generate_session import GenerateSession
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.measure.memory import HWM, track_peak_memory
+from kvsweep.measure.peak_memory import HWM, track_peak_memory
 
 MIB = 1 << 20
 PROTO = MeasureProtocol.exact(warmup=1, repeats=12, seed=0, device="cpu", threads=1).to_dict()

@@ -7,7 +7,7 @@ bytes), quantized payloads against their packed layout, timings against their ow
 import pytest
 
 from kvsweep.caches import cache_names, get_strategy
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.models.resolve import classify, kv_shape, load_config
 
@@ -126,7 +126,7 @@ def test_compile_cost_lands_in_first_call_not_in_the_medians():
 
 def test_predicted_kv_bytes_equal_the_measured_ones(results):
     from kvsweep.grid import Cell
-    from kvsweep.plan.memory import estimate_peak
+    from kvsweep.plan.memory_fit import estimate_peak
 
     for name, result in results.items():
         estimate = estimate_peak(Cell(**result["cell"]), get_strategy(name), SHAPE, parameters=0)

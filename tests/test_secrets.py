@@ -12,8 +12,8 @@ from mlflow import MlflowClient
 from conftest import cell_runs, free_port, start_mlflow_server, stop, sweep_in_process
 from kvsweep.cli import main
 from kvsweep.redact import redact_text
-from kvsweep.tracking.credentials import CredentialsMissing, sync_tracking_uri
 from kvsweep.tracking.journal import Journal
+from kvsweep.tracking.store import CredentialsMissing, sync_tracking_uri
 
 PASSWORD = "kv-Sweep-pw-7Qz3x9"  # the server's admin password, given only inside the tracking URI
 ENV_SECRET = "hf_EnvSecretValue42"  # a secret environment variable's value

@@ -11,10 +11,10 @@ from kvsweep.caches import get_strategy
 from kvsweep.cli import main
 from kvsweep.grid import Cell
 from kvsweep.models.build import build_model, torch_dtype_of
+from kvsweep.models.device_map import Split, build_split_model, decoder_layers, device_map, layers_per_device
 from kvsweep.models.facts import ModelFacts, read_facts
-from kvsweep.models.placement import Split, build_split_model, decoder_layers, device_map, layers_per_device
 from kvsweep.models.resolve import classify
-from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak, layer_costs
+from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak, layer_costs
 from kvsweep.plan.sharding import LayerCosts, load, split_layers
 from kvsweep.units import GB
 
@@ -247,7 +247,7 @@ def test_a_capacity_search_over_two_gpus_predicts_its_boundary_from_the_fullest_
     """70B in bf16 at 8k context on 80 GB cards: one GPU cannot hold batch 1, two hold a batch whose predicted
     fullest GPU fits and one more row does not."""
     from kvsweep.capacity.frontier import BATCH, FrontierKey
-    from kvsweep.plan.capacity import predicted_boundary
+    from kvsweep.plan.capacity_probes import predicted_boundary
 
     facts = read_facts(classify("llama-3.1-70b"))
     key = FrontierKey(BATCH, "llama-3.1-70b", "bfloat16", "dynamic", False, NEW, "random", CONTEXT)

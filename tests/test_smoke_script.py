@@ -606,7 +606,7 @@ def test_a_cell_whose_cuda_cannot_start_is_told_by_the_cells_own_error():
 def cuda_start_error() -> str:
     """The error a cell records when CUDA cannot start: the cell's own code, with a failing initialiser."""
     from kvsweep.cell.environment import start_device
-    from kvsweep.cell.run import record_failure
+    from kvsweep.cell.run_cell import record_failure
 
     def driver_too_old():
         raise RuntimeError("The NVIDIA driver on your system is too old (found version 12040).")

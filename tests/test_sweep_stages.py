@@ -8,8 +8,8 @@ import pytest
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.inputs_choice import choose_inputs
 from kvsweep.driver.sweep import StageNotRun, SweepRun
-from kvsweep.driver.sweep_end import finish
-from kvsweep.testing.seams import Seams
+from kvsweep.driver.sweep_finish import finish
+from kvsweep.testing.testing_config import Seams
 
 
 @pytest.fixture

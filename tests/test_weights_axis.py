@@ -13,7 +13,7 @@ from kvsweep.grid import Cell, MeasureProtocol, cell_id, cell_label, expand_grid
 from kvsweep.models.facts import read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.plan.cell_plan import plan_cell
-from kvsweep.report.weights_kv import weights_kv_tables
+from kvsweep.report.weights_tables import weights_kv_tables
 from kvsweep.results import CellResult
 from kvsweep.units import MIB
 

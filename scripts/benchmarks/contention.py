@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, fmt, markdown_table, median
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.measure.contention import HostMeter
 from kvsweep.plan.sweep_plan import inputs_spec, protocol_of

@@ -21,8 +21,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median, ratio
-from kvsweep.cell.feed import random_ids
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.call_inputs import random_ids
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.timing import TokenClock
 from kvsweep.models.build import build_model

@@ -58,7 +58,7 @@ def grid(quick: bool) -> list[str]:
 
 # -- the driver process (child): a real sweep with timers around the driver's calls
 def child(out_dir: Path, overrides: list[str]) -> None:
-    from kvsweep.cell.process_clock import process_started_at
+    from kvsweep.cell.process import process_started_at
 
     marks: dict[str, float] = {"process_started_at": process_started_at()}
     # What `python -m kvsweep` imports before it composes the config (no torch, no MLflow: see `driver.prewarm`).
@@ -72,7 +72,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
     import ray  # noqa: F401
 
     marks["ray_imported_at"] = time.time()
-    from kvsweep.driver import templates
+    from kvsweep.driver import template_launch
 
     spans: list[tuple[str, str, float, float]] = []  # (what, cell id or "", start, end)
 
@@ -94,7 +94,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
     timed(sweep.SweepRun, "open_tracking", "mlflow_open")
     timed(sweep.SweepRun, "schedule", "cells")
     timed(sweep.SweepRun, "record", "recorded", key=lambda self, result, ran=True: result.cell_id)
-    timed(templates.Templates, "wait", "template_wait")
+    timed(template_launch.Templates, "wait", "template_wait")
     timed(sweep, "run_sweep", "run_sweep")
     from kvsweep.cli import main
 

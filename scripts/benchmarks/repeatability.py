@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median
-from kvsweep.cell.run import run_cell
+from kvsweep.cell.run_cell import run_cell
 from kvsweep.config.compose import compose_config
 from kvsweep.grid import Cell, MeasureProtocol, expand_grid
 from kvsweep.plan.cell_plan import package_installed, skip_reason

@@ -7,7 +7,7 @@ below the smallest failing one, and the probe above it says why it stops there.
 
 from dataclasses import dataclass
 
-from kvsweep.capacity.verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, probe_verdict
+from kvsweep.capacity.probe_verdict import FAILED, MAX_BATCH, MAX_CONTEXT, UNFINISHED, Slo, probe_verdict
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, strategy_label
 from kvsweep.names import Metric, ResultTag
 from kvsweep.results import SKIPPED, CellResult

@@ -25,13 +25,12 @@ import cloudpickle
 import ray
 
 from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
-from kvsweep.cell.gate import GatedRun, gate_path, host_gate
 from kvsweep.cell.gpu_numa import visible_gpus_node
-from kvsweep.cell.host_oom import oom_kills
-from kvsweep.cell.process_clock import process_started_at
+from kvsweep.cell.host_lock import GatedRun, gate_path, host_gate
+from kvsweep.cell.process import oom_kills, process_started_at
 from kvsweep.cell.template import NO_RESULT
 
-RUNNER_MODULE = "kvsweep.cell.run"
+RUNNER_MODULE = "kvsweep.cell.run_cell"
 TEMPLATE_PREFIX = "kvsweep-template-"
 # What the forked process takes from this actor: Ray's GPU assignment and thread count.
 FORWARDED_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

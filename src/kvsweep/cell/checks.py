@@ -16,7 +16,7 @@ from kvsweep.grid import Cell
 from kvsweep.measure.bandwidth import Bandwidth
 from kvsweep.measure.cache_identity import mismatch
 from kvsweep.measure.decode_bound import implausible
-from kvsweep.measure.memory import HWM
+from kvsweep.measure.peak_memory import HWM
 from kvsweep.names import ResultTag
 
 

@@ -28,10 +28,10 @@ import torch  # noqa: E402  (the preload: what a fresh process would spend secon
 import transformers  # noqa: E402, F401
 
 from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
-from kvsweep.cell.gate import GatedRun  # noqa: E402
+from kvsweep.cell.host_lock import GatedRun  # noqa: E402
 from kvsweep.cell.nvml_restart import restart_nvml  # noqa: E402
-from kvsweep.cell.process_clock import process_started_at  # noqa: E402
-from kvsweep.cell.run import MAX_ERROR_CHARS, record_failure  # noqa: E402
+from kvsweep.cell.process import process_started_at  # noqa: E402
+from kvsweep.cell.run_cell import MAX_ERROR_CHARS, record_failure  # noqa: E402
 from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
 from kvsweep.grid import Cell, MeasureProtocol, cell_id  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402

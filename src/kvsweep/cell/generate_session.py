@@ -22,8 +22,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from kvsweep.caches import CacheStrategy
 from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
-from kvsweep.measure.kv_bytes import KvBytes, cache_bytes
-from kvsweep.measure.memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
+from kvsweep.measure.kv_reading import KvBytes, cache_bytes
+from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
 from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.testing.fault_kinds import Fault
 from kvsweep.testing.faults import InjectFault

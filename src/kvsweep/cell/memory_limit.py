@@ -5,7 +5,7 @@ The failure is the allocator's own, never a verdict computed from a prediction:
 - CPU: the kernel refuses past a data-segment limit (`RLIMIT_DATA`, which since Linux 4.7 counts the heap
   and every private writable mapping: weights, KV cache, activations, new threads' stacks). The limit is
   what the process held at the start plus the cell's GB, so only what the cell allocates counts. torch then
-  raises a `RuntimeError` ("can't allocate memory") and Python a `MemoryError`; `cell/oom.py` reads both
+  raises a `RuntimeError` ("can't allocate memory") and Python a `MemoryError`; `cell/process.py` reads both
   as OOM.
 
 The limit lasts only while the cell measures: it is lifted on the way out, whatever happened, so the

@@ -11,9 +11,9 @@ import torch
 
 from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.models.placement import Split
+from kvsweep.models.device_map import Split
 from kvsweep.models.resolve import ModelRef, kv_shape, load_config, weight_layout
-from kvsweep.plan.memory import estimate_peak
+from kvsweep.plan.memory_fit import estimate_peak
 
 
 def cell_split(cell: Cell, ref: ModelRef, devices: tuple[str, ...], trust_remote_code: bool) -> Split:

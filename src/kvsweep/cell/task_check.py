@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.cell.feed import Feed
+from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.inputs.answers import answer_correct
 from kvsweep.inputs.passkey import answer_tokens
 from kvsweep.inputs.prompts import Prompt
 from kvsweep.inputs.spec import PASSKEY
-from kvsweep.measure.binomial import exact_interval
+from kvsweep.measure.statistics import exact_interval
 from kvsweep.names import Metric, ci_high, ci_low, passkey_depth_metric
 
 ANSWER_ROOM = 8  # tokens a file prompt's answer may take beyond its own length (a chat model's preamble)

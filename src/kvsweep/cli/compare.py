@@ -16,7 +16,7 @@ from kvsweep.names import COMPARE_MATCHED_CELLS, COMPARE_REGRESSIONS, COMPARE_RO
 
 if TYPE_CHECKING:
     from kvsweep.compare.comparison import SweepSide
-    from kvsweep.compare.thresholds import Thresholds
+    from kvsweep.compare.judging import Thresholds
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 REF = re.compile(r"(?P<base>[^~'\"]+)(~(?P<back>\d+))?")
@@ -27,7 +27,7 @@ class BadArguments(Exception):
 
 
 def compare_main(argv: list[str]) -> int:
-    from kvsweep.compare.thresholds import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD
+    from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD
 
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep compare",
@@ -68,10 +68,10 @@ def compare_main(argv: list[str]) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    from kvsweep.compare.compare_files import write_comparison
     from kvsweep.compare.comparison import compare_sweeps
+    from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, drift_thresholds
     from kvsweep.compare.tables import terminal_text
-    from kvsweep.compare.thresholds import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, drift_thresholds
-    from kvsweep.compare.write import write_comparison
     from kvsweep.tracking.store import open_client
     from kvsweep.tracking.urls import default_tracking_uri
 
@@ -105,7 +105,7 @@ def compare(args: argparse.Namespace) -> int:
 
 def _given_thresholds(args: argparse.Namespace, timing: float, memory: float) -> "Thresholds":
     """The thresholds the flags give, each flag not given at `timing` / `memory`."""
-    from kvsweep.compare.thresholds import Thresholds
+    from kvsweep.compare.judging import Thresholds
 
     return Thresholds(
         timing if args.threshold is None else args.threshold,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kvsweep.names import Metric, RunTag
 
 if TYPE_CHECKING:
-    from kvsweep.report.capacity import CapacityContext
+    from kvsweep.report.capacity_assessment import CapacityContext
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ def rebuild_report(
 ) -> int:
     """Read the sweep back through `tracking/readback.py` (what a resuming sweep reads) and write its report."""
     from kvsweep.redact import redact_uri
-    from kvsweep.report.write import ReportContext, settings_from, write_report, write_tables
+    from kvsweep.report.report_files import ReportContext, settings_from, write_report, write_tables
     from kvsweep.tracking.client import tag_runs
     from kvsweep.tracking.readback import cell_results, latest_sweep
     from kvsweep.tracking.store import open_client
@@ -105,9 +105,9 @@ def capacity_context(params: Mapping[str, str], gpu_hour_cost: float | None = No
     """The capacity search a parent run's params (strings) describe; None when it searched nothing.
     A key the run lacks takes the schema's default; `gpu_hour_cost` (the flag) overrides `report.gpu_hour_cost`."""
     from kvsweep.capacity.frontier import SearchSettings
-    from kvsweep.capacity.verdict import Slo
+    from kvsweep.capacity.probe_verdict import Slo
     from kvsweep.config.schema import RayConfig, ReportConfig, SearchConfig, SloConfig
-    from kvsweep.report.capacity import CapacityContext
+    from kvsweep.report.capacity_assessment import CapacityContext
 
     search = _logged(SearchConfig, "search", params)
     if not (search.batch or search.contexts):

@@ -27,9 +27,9 @@ def sync_main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from kvsweep.tracking.credentials import CredentialsMissing
     from kvsweep.tracking.delivery import sync_journal
     from kvsweep.tracking.journal import find_journals
+    from kvsweep.tracking.store import CredentialsMissing
 
     if not args.path.exists():
         print(f"kvsweep sync: {args.path} does not exist")

@@ -9,10 +9,9 @@ cell whose status changed gets one row saying so, and a change away from `ok` is
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvsweep.compare.environment import Difference, environment_differences, protocol_differences
+from kvsweep.compare.differences import Difference, environment_differences, protocol_differences
+from kvsweep.compare.judging import ADDED, REGRESSIONS, REMOVED, STATUS_CHANGED, Thresholds, judge
 from kvsweep.compare.metrics import COMPARED, interval, value
-from kvsweep.compare.thresholds import Thresholds
-from kvsweep.compare.verdict import ADDED, REGRESSIONS, REMOVED, STATUS_CHANGED, judge
 from kvsweep.grid import CELL_FIELDS, Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import OK, CellResult

@@ -10,8 +10,8 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 from matplotlib.ticker import FormatStrFormatter
 
 from kvsweep.compare.comparison import Comparison, Row
+from kvsweep.compare.judging import CONTENDED, IMPROVEMENTS
 from kvsweep.compare.metrics import COMPARED
-from kvsweep.compare.verdict import CONTENDED, IMPROVEMENTS
 from kvsweep.grid import cell_label
 
 COLOURS = {"regression": "#c62828", "improvement": "#2e7d32", "other": "#607d8b"}

@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvsweep.measure.statistics import metric_interval
 from kvsweep.names import Metric
-from kvsweep.report.uncertainty import metric_interval
 
 TIMING, MEMORY, EXACT, QUALITY = "timing", "memory", "exact", "quality"
 

@@ -7,9 +7,8 @@ import math
 from collections import Counter
 
 from kvsweep.compare.comparison import CELL_METRIC, Comparison, Row, SweepSide
-from kvsweep.compare.environment import environment_same
-from kvsweep.compare.metrics import BY_NAME
-from kvsweep.compare.verdict import (
+from kvsweep.compare.differences import environment_same
+from kvsweep.compare.judging import (
     ADDED,
     CONTENDED,
     IMPROVEMENTS,
@@ -18,6 +17,7 @@ from kvsweep.compare.verdict import (
     STATUS_CHANGED,
     WITHIN_NOISE,
 )
+from kvsweep.compare.metrics import BY_NAME
 from kvsweep.grid import cell_label
 from kvsweep.units import MIB
 

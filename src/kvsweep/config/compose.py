@@ -24,7 +24,7 @@ from kvsweep.config.schema import KvSweepConfig, register_schema
 from kvsweep.config.validate import validate
 from kvsweep.errors import ConfigError, first_line
 from kvsweep.redact import redact_text
-from kvsweep.testing.seams import Seams, seams_from
+from kvsweep.testing.testing_config import Seams, seams_from
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"

@@ -1,6 +1,6 @@
 """The capacity searches of a sweep: each frontier's probes, one after another, every frontier at once.
 
-Each frontier is a `Stepping` (capacity/stepping.py) started at the planner's predicted boundary. A probe
+Each frontier is a `Stepping` (capacity/search_steps.py) started at the planner's predicted boundary. A probe
 is an ordinary cell (its own actor and process, journal, MLflow child run), so everything cells get
 holds for probes: an OOM is a result, a larger probe of a family that ran out of memory is inferred,
 and a resumed sweep replays each search through the results it already has, measuring none twice.
@@ -12,16 +12,15 @@ C and a context search at batch B meet at (C, B)) share one probe.
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from kvsweep.capacity.aim import aim
 from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, unit
-from kvsweep.capacity.stepping import Stepping, start_of
-from kvsweep.capacity.verdict import MEMORY, Slo, probe_verdict
+from kvsweep.capacity.probe_verdict import MEMORY, Slo, probe_verdict
+from kvsweep.capacity.search_steps import Stepping, aim, start_of
 from kvsweep.config.schema import KvSweepConfig
-from kvsweep.driver.placement import Job
+from kvsweep.driver.actor_placement import Job
 from kvsweep.grid import Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.models.facts import ModelFacts
 from kvsweep.names import Metric
-from kvsweep.plan.capacity import memory_budget, predicted_boundary, predicted_step_bytes
+from kvsweep.plan.capacity_probes import memory_budget, predicted_boundary, predicted_step_bytes
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.offload import offload_problem
 from kvsweep.plan.sweep_plan import PlanLimits, model_facts

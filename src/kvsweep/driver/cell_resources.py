@@ -24,7 +24,7 @@ def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> i
     """`ray.cpus_per_cell=0` (auto): the CPUs Ray reserves for one cell, so its threads can follow them.
 
     A CPU cell: 1, as always (it computes on every core it may use and cells run one at a time; see
-    `cell/threads.py`). A GPU cell: its share of a node's CPUs less `NODE_CPUS_KEPT`, (CPUs - 1) x the
+    `cell/process.py`). A GPU cell: its share of a node's CPUs less `NODE_CPUS_KEPT`, (CPUs - 1) x the
     GPUs it holds // the node's GPUs, so that the node's concurrent cells together use its cores once,
     not once each, and leave one core to the processes every node runs besides its cells (each CUDA
     cell is pinned to cores of its own, `cell/cpu_slots.py`: were all cores lent, those processes would

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
 from kvsweep.driver.capacity_search import plan_searches, search_lines, search_text
-from kvsweep.plan.memory import local_gpu_bytes
+from kvsweep.plan.memory_fit import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of
 from kvsweep.redact import redact_text
 

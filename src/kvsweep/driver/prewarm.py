@@ -9,7 +9,12 @@ import contextlib
 import importlib
 import threading
 
-LATER_MODULES = ("mlflow", "mlflow.store.tracking.sqlalchemy_store", "kvsweep.tracking.sink", "kvsweep.report.write")
+LATER_MODULES = (
+    "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "kvsweep.tracking.sink",
+    "kvsweep.report.report_files",
+)
 
 
 def prewarm(modules: tuple[str, ...] = LATER_MODULES) -> threading.Thread:

@@ -24,9 +24,9 @@ and CUDA can only be initialised in the cell's own forked process, once its acto
 
 CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here against the cluster
 (`driver/cell_resources.py`), and each cell is told the result so that its torch threads match it
-(`cell/threads.py`).
+(`cell/process.py`).
 
-Placement (`driver/placement.py`): a cell's timeout counts once Ray has placed its actor; an actor
+Placement (`driver/actor_placement.py`): a cell's timeout counts once Ray has placed its actor; an actor
 Ray leaves unplaced is given up as `timeout`; offloaded cells reserve their pinned host memory from
 Ray, and one waiting for it lends its place to cells that ask none.
 """
@@ -41,10 +41,10 @@ from typing import Any
 import ray
 
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
+from kvsweep.driver.actor_placement import Job, Placement, Running
 from kvsweep.driver.cell_resources import memory_ask, spares_wanted, with_cpus_resolved
-from kvsweep.driver.placement import Job, Placement, Running
 from kvsweep.driver.ray_session import CellNeeds
-from kvsweep.driver.templates import Templates
+from kvsweep.driver.template_launch import Templates
 from kvsweep.errors import first_line
 from kvsweep.names import ResultTag
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
@@ -59,7 +59,7 @@ class Limits:
     cell_timeout_s: float
     max_retries: int
     prestart: int = 0  # spare actors prepared ahead of need (CPU cells only; see the module docstring)
-    placing_grace_s: float = 10.0  # a memory job unplaced this long lends its place (`driver/placement.py`)
+    placing_grace_s: float = 10.0  # a memory job unplaced this long lends its place (`driver/actor_placement.py`)
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class CellScheduler:
             self._drop_spares()
 
     def _overdue(self, now: float, ready: list[Any]) -> list[tuple[Any, CellResult]]:
-        """Cells past their timeout, then actors Ray has left unplaced past theirs (`driver/placement.py`)."""
+        """Cells past their timeout, then actors Ray has left unplaced past theirs (`driver/actor_placement.py`)."""
         timeout_s = self.limits.cell_timeout_s
         late = [
             (ref, _driver_result(entry, TIMEOUT, f"no result after {timeout_s:g} s; actor killed"))

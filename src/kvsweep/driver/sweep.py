@@ -14,7 +14,7 @@ from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
 from kvsweep.driver.oom_inference import OomPruner, size_order
 from kvsweep.driver.progress import SweepProgress
-from kvsweep.driver.sweep_end import finish
+from kvsweep.driver.sweep_finish import finish
 from kvsweep.driver.sweep_identity import earlier_revisions, left_parent_note, sweep_key
 from kvsweep.errors import first_line
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
@@ -25,7 +25,7 @@ from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, predicted_metrics, protocol_of
 from kvsweep.redact import redact_text, redact_uri
 from kvsweep.results import ERROR, SKIPPED, CellResult
-from kvsweep.testing.seams import Seams
+from kvsweep.testing.testing_config import Seams
 from kvsweep.tracking.journal import Journal, SweepHeader
 from kvsweep.tracking.lease_owner import LeaseHeld
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.software_survey import Survey
-    from kvsweep.driver.templates import Templates
+    from kvsweep.driver.template_launch import Templates
     from kvsweep.models.facts import ModelFacts
     from kvsweep.tracking.client import SweepTracker
     from kvsweep.tracking.sink import MlflowSink
@@ -188,7 +188,7 @@ class SweepRun:
         start importing now, overlapping the plan and MLflow; the first cell waits for them."""
         from kvsweep.driver import ray_session
         from kvsweep.driver.software_survey import check_software
-        from kvsweep.driver.templates import launch_templates
+        from kvsweep.driver.template_launch import launch_templates
 
         device = ray_session.resolve_device(self.cfg.device, session)
         ray_cfg = self.cfg.ray

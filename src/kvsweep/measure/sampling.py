@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.intervals import precise_enough
+from kvsweep.measure.statistics import precise_enough
 from kvsweep.measure.timing import TokenTimes
 
 T = TypeVar("T")
@@ -32,7 +32,7 @@ class CallMeter(Protocol):
 
 @dataclass(frozen=True)
 class SamplingRules:
-    """The measured phase's rules, from the cell's `MeasureProtocol` (`cell/run.py::sampling_rules`)."""
+    """The measured phase's rules, from the cell's `MeasureProtocol` (`cell/run_cell.py::sampling_rules`)."""
 
     repeats: int
     min_duration_s: float

@@ -3,9 +3,8 @@
 import torch
 
 from kvsweep.grid import Cell
-from kvsweep.measure.intervals import interval_metrics
-from kvsweep.measure.memory import PeakMemory
-from kvsweep.measure.stats import median, percentile
+from kvsweep.measure.peak_memory import PeakMemory
+from kvsweep.measure.statistics import interval_metrics, median, percentile
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.names import Metric
 

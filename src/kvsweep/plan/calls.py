@@ -1,6 +1,6 @@
 """How many `generate` calls one cell can make at most: what the planner holds against the cell's timeout.
 
-A cell (`cell/run.py`) makes one cold call, `warmup` uncounted calls, its measured phase, and one call
+A cell (`cell/run_cell.py`) makes one cold call, `warmup` uncounted calls, its measured phase, and one call
 of its own strategy for the quality check (the check's other call is the dynamic baseline's, which
 moves nothing over the host link); a cell fed text also answers its task prompts, a call per batch of
 them (`task_calls`; each generates fewer tokens than a measured call, so counting them whole is an

@@ -11,8 +11,8 @@ from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_layout import WeightLayout
 from kvsweep.models.weight_schemes import scheme_problem
-from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, cell_returned_device_kv_bytes, cell_stored_kv_bytes
-from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
+from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, cell_returned_device_kv_bytes, cell_stored_kv_bytes
+from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, MemoryEstimate, estimate_peak, fits
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, estimate_offload, offload_problem
 from kvsweep.plan.triton_launcher import launcher_problem
 from kvsweep.units import GB

@@ -43,7 +43,7 @@ from kvsweep.caches.layer_tokens import kept_tokens, offloads, token_bytes, wind
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.calls import CallCount, task_calls, worst_case_calls
-from kvsweep.plan.kv_bytes import decode_kv_traffic
+from kvsweep.plan.kv_prediction import decode_kv_traffic
 from kvsweep.units import GB
 
 

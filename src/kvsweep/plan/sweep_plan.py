@@ -11,7 +11,7 @@ from kvsweep.models.gguf_source import gguf_weights_problem, is_gguf
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
-from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, detect_device_bytes
+from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
 from kvsweep.plan.sharding import GpuLoad, layers_text
 from kvsweep.units import GB, MIB

@@ -13,9 +13,9 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 from matplotlib.lines import Line2D
 
 from kvsweep.capacity.frontier import BATCH
-from kvsweep.capacity.verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
+from kvsweep.capacity.probe_verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
 from kvsweep.model_names import file_stem
-from kvsweep.report.capacity import Capacity, SizeChoice, Standing
+from kvsweep.report.capacity_assessment import Capacity, SizeChoice, Standing
 
 CAPACITY_SUFFIX = "_capacity"
 MARKERS = {MEMORY: "s", SLO_TPOT: "v", SLO_TTFT: "v", MAX_BATCH: "^", MAX_CONTEXT: "^"}  # anything else: "X"

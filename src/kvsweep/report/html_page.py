@@ -10,12 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvsweep.report.capacity_tables import CapacitySection
-from kvsweep.report.listing import Listing
+from kvsweep.report.decision_list import Listing
 from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
-from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
-from kvsweep.report.weights_kv import WeightsKvTable
-from kvsweep.report.weights_origin import origin_notes
+from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
+from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from kvsweep.caches import BASELINE
 from kvsweep.names import TASK_JSONL, Metric, ci_high, ci_low
 from kvsweep.report.capacity_tables import CapacitySection
-from kvsweep.report.listing import Listing
+from kvsweep.report.decision_list import Listing
 from kvsweep.report.quality_gate import (
     MAX_REFERENCE_WIDTH,
     MIN_REFERENCE_ACCURACY,
@@ -13,15 +13,14 @@ from kvsweep.report.quality_gate import (
     task_accuracy,
 )
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
-from kvsweep.report.weights_kv import INTRO as WEIGHTS_KV_INTRO
-from kvsweep.report.weights_kv import WeightsKvTable
-from kvsweep.report.weights_origin import origin_notes
+from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
+from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 from kvsweep.units import MIB
 
 
 def short_form(decisions: list[Decision], left_out: str = "", capacity: Sequence[str] = ()) -> str:
     """Printed under the results table at the end of a sweep: one line per group, the note on groups left out
-    of the list (`listing.py`), then the capacity heading and its line per size (`capacity.py`)."""
+    of the list (`decision_list.py`), then the capacity heading and its line per size (`capacity_assessment.py`)."""
     lines = []
     if decisions:
         settings = decisions[0].settings

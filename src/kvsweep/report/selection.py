@@ -22,11 +22,11 @@ from typing import Any
 
 from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
+from kvsweep.measure.statistics import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, slow_quantized_advice
 from kvsweep.report.quality_gate import UNINFORMATIVE, Gate, gate_tags, judge
-from kvsweep.report.uncertainty import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"

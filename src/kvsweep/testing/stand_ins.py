@@ -76,8 +76,7 @@ def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str,
     then meter the same interval, with each one's start-up (fork, pinning, imports) over before it.
     `environment.metered_at` says when the window opened.
     """
-    from kvsweep.measure.contention import HostMeter
-    from kvsweep.measure.verdict import HostEvidence
+    from kvsweep.measure.contention import HostEvidence, HostMeter
     from kvsweep.names import ResultTag
 
     the_cell, the_protocol = Cell(**cell), MeasureProtocol.from_dict(protocol)

@@ -14,8 +14,8 @@ from kvsweep.models.presets import shape_only_tags
 from kvsweep.names import CAPACITY_CSV, REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.results import CellResult
 from kvsweep.tracking.client import SweepTracker
-from kvsweep.tracking.credentials import sync_tracking_uri
 from kvsweep.tracking.journal import Journal, SweepHeader
+from kvsweep.tracking.store import sync_tracking_uri
 
 SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", CAPACITY_CSV)  # logged on the parent run from the run folder
 

@@ -4,7 +4,7 @@ Plain JSON (never pickle), appended and flushed line by line: a header saying wh
 and where its results belong, the parent run id once MLflow gave one, then one line per finished
 cell. Whatever MLflow missed can be pushed later from here (`python -m kvsweep sync`).
 Every string is redacted on its way to disk: the header's tracking URI keeps its address but not
-its credentials (sync gets those from MLflow's own variables, see credentials.py).
+its credentials (sync gets those from MLflow's own variables, see `store.py`).
 """
 
 import json

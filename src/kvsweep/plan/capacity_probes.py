@@ -9,7 +9,7 @@ from kvsweep.caches import get_strategy
 from kvsweep.capacity.frontier import FrontierKey
 from kvsweep.grid import Cell
 from kvsweep.models.facts import ModelFacts
-from kvsweep.plan.memory import CUDA_CONTEXT_BYTES, estimate_peak
+from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak
 from kvsweep.units import GB
 
 

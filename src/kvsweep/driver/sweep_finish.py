@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 from kvsweep.names import CAPACITY_CSV, REPORT_DIR, TASK_JSONL
 from kvsweep.redact import redact_uri
-from kvsweep.report.write import write_tables
+from kvsweep.report.report_files import write_tables
 from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
     from kvsweep.driver.sweep import SweepRun
+    from kvsweep.report.report_files import Report
     from kvsweep.report.selection import Decision
-    from kvsweep.report.write import Report
 
 
 def finish(sweep: "SweepRun") -> int:
@@ -68,7 +68,7 @@ def _write_report(sweep: "SweepRun") -> "Report | None":
     """The report folder in the run folder (the sink logs it on the parent); None when it could not be written."""
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
     from kvsweep.driver.capacity_search import search_settings
-    from kvsweep.report.write import CapacityContext, ReportContext, settings_from, write_report
+    from kvsweep.report.report_files import CapacityContext, ReportContext, settings_from, write_report
     from kvsweep.tracking.urls import run_url
 
     links, parent_url = {}, ""

@@ -50,7 +50,7 @@ class GatedRun:
                 runner = getattr(importlib.import_module(module), function)
                 self._imported()
                 return runner(cell, protocol, testing)
-            from kvsweep.cell.run import run_cell
+            from kvsweep.cell.run_cell import run_cell
 
             self._imported()
             split = int(testing.get("split_devices") or 0)

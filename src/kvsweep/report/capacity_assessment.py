@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.capacity.frontier import BATCH, Frontier, SearchSettings, frontiers
-from kvsweep.capacity.verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
+from kvsweep.capacity.probe_verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import ResultTag

@@ -16,35 +16,33 @@ from typing import Any
 import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
+from kvsweep.cell.call_inputs import feed_for
 from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
-from kvsweep.cell.feed import feed_for
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.memory_limit import memory_limit
-from kvsweep.cell.oom import out_of_memory
+from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
 from kvsweep.cell.split import cell_devices, cell_split, placement_record
-from kvsweep.cell.threads import resolve_threads
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
-from kvsweep.measure.contention import CallContention, HostMeter
+from kvsweep.measure.contention import CallContention, HostEvidence, HostMeter, gpu_verdict, merge
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_energy
 from kvsweep.measure.gpu_sharing import SharingProbe
-from kvsweep.measure.memory import CudaMemory
+from kvsweep.measure.peak_memory import CudaMemory
 from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
 from kvsweep.measure.summary import summarize_runs
-from kvsweep.measure.verdict import HostEvidence, gpu_verdict, merge
 from kvsweep.models.build import build_model, torch_dtype_of
+from kvsweep.models.device_map import Split, build_split_model
 from kvsweep.models.gguf_source import weights_origin
-from kvsweep.models.placement import Split, build_split_model
 from kvsweep.models.resolve import cached_model, classify, hub_cache_folder, hub_repo, kv_shape
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_schemes import prequantized_label, stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.cell_plan import package_installed, skip_reason
-from kvsweep.plan.kv_bytes import cell_dense_kv_bytes, decode_kv_traffic
+from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import cuda_init_for, fault_for
