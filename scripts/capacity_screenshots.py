@@ -50,7 +50,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kvsweep.testing.local_services import HEADLESS_FLAGS, find_browser, free_port, start_mlflow_server
+from kvsweep_testkit.local_services import HEADLESS_FLAGS, find_browser, free_port, start_mlflow_server
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -74,8 +74,8 @@ COLUMNS = {
 
 
 def build_model(folder: Path) -> None:
-    """A random-weight Llama whose KV cache, not its weights, fills the memory (`kvsweep.testing.kv_heavy`)."""
-    from kvsweep.testing.kv_heavy import save_kv_heavy
+    """A random-weight Llama whose KV cache, not its weights, fills the memory (`kvsweep_testkit.kv_heavy`)."""
+    from kvsweep_testkit.kv_heavy import save_kv_heavy
 
     save_kv_heavy(folder)
 

@@ -42,7 +42,7 @@ MAX_ACCURACY_DROP = 0.05
 
 def model_reference(name: str) -> str:
     if name == "real":
-        from kvsweep.testing.real_model import ensure_real_model
+        from kvsweep_testkit.real_model import ensure_real_model
 
         return str(ensure_real_model())
     return str(FIXTURE) if name == "fixture" else name

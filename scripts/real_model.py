@@ -10,7 +10,7 @@ the folder, ready for `grid.models`:
 
 import sys
 
-from kvsweep.testing.real_model import WheelUnavailable, ensure_real_model
+from kvsweep_testkit.real_model import WheelUnavailable, ensure_real_model
 
 
 def main() -> int:

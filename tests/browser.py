@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsweep.testing.local_services import HEADLESS_FLAGS, find_browser
+from kvsweep_testkit.local_services import HEADLESS_FLAGS, find_browser
 
 NO_BROWSER = "no headless browser: install Debian's `chromium` package (.ci/run does) or set KVSWEEP_CHROMIUM"
 FLAGS = (*HEADLESS_FLAGS, "--run-all-compositor-stages-before-draw")

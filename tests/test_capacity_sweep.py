@@ -19,8 +19,8 @@ import pytest
 
 from conftest import FAST, cell_runs, statuses
 from kvsweep.results import OK, OOM, CellResult
-from kvsweep.testing.kv_heavy import save_kv_heavy
 from kvsweep.tracking.journal import Journal
+from kvsweep_testkit.kv_heavy import save_kv_heavy
 
 # 16 layers x 2 (K, V) x 2 heads x 64 x 4 bytes = 16 KiB a token: 8.1 MiB a row at 512 + 7 tokens, so a
 # limit of 0.1 GB holds a handful of rows.

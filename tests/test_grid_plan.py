@@ -4,7 +4,7 @@ import pytest
 
 from kvsweep.grid import Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.models.presets import PRESETS
-from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep.models.resolve import classify, kv_shape, load_config, meta_model
 from kvsweep.plan.cell_plan import plan_cell
 
 GRID = {
@@ -98,11 +98,15 @@ def test_model_references_are_classified(tmp_path):
     assert classify("org/some-model").kind == "hub"
 
 
+def parameter_count(config) -> int:
+    """Every parameter of the model the config describes, tied weights once (built on the meta device)."""
+    return sum(p.numel() for p in meta_model(config).parameters())
+
+
 @pytest.mark.parametrize(("model", "dtype"), [("tiny-llama", "float32"), ("smollm2-135m", "bfloat16")])
 def test_predicted_weights_equal_the_built_models_parameter_bytes(model, dtype):
     from kvsweep.caches import get_strategy
     from kvsweep.models.build import build_model
-    from kvsweep.models.resolve import parameter_count
     from kvsweep.plan.memory_fit import estimate_peak
 
     config = load_config(classify(model))
@@ -114,8 +118,6 @@ def test_predicted_weights_equal_the_built_models_parameter_bytes(model, dtype):
 
 
 def test_cells_predicted_not_to_fit_are_skipped_on_cuda():
-    from kvsweep.models.resolve import parameter_count
-
     config = load_config(classify("llama-3.1-8b"))
     shape, params = kv_shape(config), parameter_count(config)
     small = Cell("llama-3.1-8b", "bfloat16", 4096, 1, 128, "dynamic", False)

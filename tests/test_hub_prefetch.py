@@ -30,8 +30,8 @@ from kvsweep.models.resolve import ModelRef, cached_snapshot
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.redact import MASK, redact_text
 from kvsweep.testing.fake_hub import FETCH_LOG, FolderHub
-from kvsweep.testing.kv_heavy import save_kv_heavy
 from kvsweep.testing.testing_config import seams_from
+from kvsweep_testkit.kv_heavy import save_kv_heavy
 
 TINY = "kvsweep-test/tiny"
 JUNK = ("README.md", ".gitattributes", "pytorch_model.bin", "onnx/model.onnx", "original/consolidated.pth")
@@ -220,7 +220,7 @@ def save_repo(hub: Path, repo: str, shard_kb: int = 0) -> Path:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        from kvsweep.testing.kv_heavy import KV_HEAVY_CONFIG
+        from kvsweep_testkit.kv_heavy import KV_HEAVY_CONFIG
 
         torch.manual_seed(0)
         LlamaForCausalLM(LlamaConfig(**KV_HEAVY_CONFIG)).save_pretrained(folder, max_shard_size=f"{shard_kb}KB")

@@ -27,7 +27,7 @@ from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.plan.memory_fit import estimate_peak
 from kvsweep.plan.offload import pinned_host_bytes, prefill_bytes
 from kvsweep.plan.sweep_plan import predicted_metrics
-from kvsweep.testing.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config
+from kvsweep_testkit.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 # One token of one layer's K and V: 2 x 2 KV heads x head_dim 8 x 4 bytes (float32, batch 1)

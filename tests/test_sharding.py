@@ -11,12 +11,21 @@ from kvsweep.caches import get_strategy
 from kvsweep.cli import main
 from kvsweep.grid import Cell
 from kvsweep.models.build import build_model, torch_dtype_of
-from kvsweep.models.device_map import Split, build_split_model, decoder_layers, device_map, layers_per_device
+from kvsweep.models.device_map import Split, build_split_model, decoder_layers, device_map
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak, layer_costs
 from kvsweep.plan.sharding import LayerCosts, load, split_layers
 from kvsweep.units import GB
+
+
+def layers_per_device(placed: dict[str, str], layers_name: str) -> dict[str, int]:
+    """How many decoder layers each device runs, read back from a device map."""
+    counts: dict[str, int] = {}
+    for name, device in placed.items():
+        if name.startswith(layers_name + "."):
+            counts[device] = counts.get(device, 0) + 1
+    return counts
 
 
 def costs(weights: list[int], first: int = 0, last: int = 0, head_on_first: bool = False, **kw: object) -> LayerCosts:

@@ -38,7 +38,7 @@ def pow2_cells(frontier: int) -> int:
 
 
 def _model(folder: Path) -> Path:
-    from kvsweep.testing.kv_heavy import save_kv_heavy
+    from kvsweep_testkit.kv_heavy import save_kv_heavy
 
     return save_kv_heavy(folder)
 

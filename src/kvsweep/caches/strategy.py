@@ -134,18 +134,6 @@ class CacheStrategy:
         """This strategy as `name@tokens`: a static layout reserving `tokens` whatever the request needs."""
         return replace(self, name=f"{self.name}{RESERVE_SEPARATOR}{tokens}", reserve_tokens=tokens)
 
-    def quantized_settings(self) -> dict[str, int]:
-        """The settings that differ from Transformers' defaults (what a name's `@` part and a tag show)."""
-        if self.backend is None:
-            return {}
-        settings = {
-            "residual_length": (self.residual_length, DEFAULT_RESIDUAL_LENGTH),
-            "q_group_size": (self.q_group_size, DEFAULT_GROUP_SIZE),
-            "axis_key": (self.axis_key, DEFAULT_AXIS),
-            "axis_value": (self.axis_value, DEFAULT_AXIS),
-        }
-        return {key: value for key, (value, default) in settings.items() if value != default}
-
     def request_problem(self, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
         """Why this strategy cannot cache a request of `prompt` tokens making `new` (None: it can)."""
         return None if self.shape_problem is None else self.shape_problem(self, shape, batch, prompt, new)

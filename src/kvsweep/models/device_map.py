@@ -52,15 +52,6 @@ def device_map(model: nn.Module, layers_name: str, loads: Sequence[GpuLoad], dev
     return placed
 
 
-def layers_per_device(placed: dict[str, str], layers_name: str) -> dict[str, int]:
-    """How many decoder layers each device runs, read back from a device map."""
-    counts: dict[str, int] = {}
-    for name, device in placed.items():
-        if name.startswith(layers_name + "."):
-            counts[device] = counts.get(device, 0) + 1
-    return counts
-
-
 def materialize_preset(model: nn.Module, placed: dict[str, str], dtype: torch.dtype) -> None:
     """Give every weight of a model built without storage (`init_empty_weights`) an uninitialised tensor on
     its device, then tie the tied ones again (their second copy is dropped)."""

@@ -94,11 +94,6 @@ def meta_model(config: "PretrainedConfig") -> "PreTrainedModel":
     return model
 
 
-def parameter_count(config: "PretrainedConfig") -> int:
-    """Exact parameter count (tied weights once), from a model built on the meta device."""
-    return sum(p.numel() for p in meta_model(config).parameters())
-
-
 def weight_layout(config: "PretrainedConfig") -> "WeightLayout":
     """Where the weights are, layer by layer (tied weights once), from a model built on the meta device."""
     from kvsweep.models.weight_layout import layout_of_module
