@@ -1,7 +1,7 @@
 """Measure one cell inside its actor: load, cold call, warmups, measured repeats, checks, baseline.
 
-Returns a plain `CellResult`; never touches MLflow. Statistics come from `measure/summary.py`, the calls
-from `generate_session.py`, the checks of what ran from `checks.py`.
+Returns a plain `CellResult`; never touches MLflow. The model comes from `model_load.py`, the calls from
+`generate_session.py`, what each step found from `result_parts.py`, the checks of what ran from `checks.py`.
 """
 
 import contextlib
@@ -10,39 +10,33 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from kvsweep.caches import CacheStrategy, get_strategy, register
 from kvsweep.cell.call_inputs import feed_for
-from kvsweep.cell.checks import cell_tags, check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
+from kvsweep.cell.checks import check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
-from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
+from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.memory_limit import memory_limit
+from kvsweep.cell.model_load import fetched_source, load_cell_model
 from kvsweep.cell.process import out_of_memory, resolve_threads
-from kvsweep.cell.quality_check import QualityCheck, quality_or_nothing
-from kvsweep.cell.split import cell_devices, cell_split, placement_record
+from kvsweep.cell.quality_check import quality_or_nothing
+from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
+from kvsweep.cell.split import placement_record
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
-from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
+from kvsweep.measure.bandwidth import device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
-from kvsweep.measure.contention import CallContention, HostEvidence, HostMeter, gpu_verdict, merge
-from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
-from kvsweep.measure.energy import Energy, EnergyMeter, nvml_energy_counter, phase_energy
+from kvsweep.measure.contention import HostEvidence, HostMeter
+from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_energy
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.peak_memory import CudaMemory
-from kvsweep.measure.sampling import MeasuredPhase, SamplingRules, measure_phase
-from kvsweep.measure.summary import summarize_runs
-from kvsweep.models.build import build_model, torch_dtype_of
-from kvsweep.models.device_map import Split, build_split_model
+from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.models.gguf_source import weights_origin
-from kvsweep.models.resolve import cached_model, classify, hub_cache_folder, hub_repo, kv_shape
-from kvsweep.models.shape import KvShape
+from kvsweep.models.resolve import classify
 from kvsweep.models.weight_schemes import prequantized_label, stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
-from kvsweep.plan.cell_plan import package_installed, skip_reason
-from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import cuda_init_for, fault_for
@@ -162,7 +156,7 @@ def _measure(
     strategy = get_strategy(cell.cache)
     device = protocol.device
     source = fetched_source(cell, hub_cache or {})
-    loaded = _load(cell, protocol, trust_remote_code, on_phase, source, split_devices)
+    loaded = load_cell_model(cell, protocol, trust_remote_code, on_phase, source, split_devices)
     if isinstance(loaded, str):
         result.status, result.error = SKIPPED, loaded
         return
@@ -211,7 +205,7 @@ def _measure(
         HostMeter(),
         energy.paused(time.sleep),
     )
-    _write(result, _energy_found(phase_energy(energy, phase, lambda c: c.new_tokens.numel())))
+    write_part(result, energy_found(phase_energy(energy, phase, lambda c: c.new_tokens.numel())))
     recaptures = compile_events() - compiled_before if cell.compile else 0
     skips = cudagraph_skips() - skips_before if cell.compile else 0
     sharing.check()
@@ -219,163 +213,18 @@ def _measure(
     for sample in phase.kept:
         check_cache(strategy, sample.call, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
-    _write(result, _noise(phase, host, sharing if session_on_cuda(device) else None))
+    write_part(result, noise_found(phase, host, sharing if session_on_cuda(device) else None))
     checked_at = time.perf_counter()
     new_tokens = phase.kept[-1].call.new_tokens
     quality = quality_or_nothing(session, strategy, new_tokens, model.config.vocab_size, feed, protocol.seed)
     result.metrics[Metric.QUALITY_CHECK_S] = time.perf_counter() - checked_at
-    _write(result, _quality_found(quality))
-    _write(result, _numbers(cell, first, phase, quality.metrics, model, shape, bandwidth))
+    write_part(result, quality_found(quality))
+    write_part(result, numbers_found(cell, first, phase, quality.metrics, model, shape, bandwidth))
     if cell.compile:
         result.metrics[Metric.COMPILE_RECAPTURES] = float(recaptures)
         result.metrics[Metric.COMPILE_CUDAGRAPH_SKIPS] = float(skips)
         check_no_recapture(recaptures)  # after recording: the numbers stay, the cell fails
         check_cudagraphs_used(skips, session_on_cuda(device))
-
-
-@dataclass(frozen=True)
-class ResultPart:
-    """The part of a cell's result one step found (metrics, tags, environment, samples)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
-    environment: dict[str, Any] = field(default_factory=dict)
-    samples: dict[str, Any] = field(default_factory=dict)
-    trials: tuple[dict[str, Any], ...] = ()
-
-
-def _write(result: CellResult, found: ResultPart) -> None:
-    result.metrics.update(found.metrics)
-    result.tags.update(found.tags)
-    result.environment.update(found.environment)
-    result.samples.update(found.samples)
-    result.trials.extend(found.trials)
-
-
-def _numbers(
-    cell: Cell,
-    first: MeasuredCall,
-    phase: MeasuredPhase[MeasuredCall],
-    quality: dict[str, float],
-    model: torch.nn.Module,
-    shape: KvShape,
-    bandwidth: Bandwidth,
-) -> ResultPart:
-    """The contract's metrics, the checks' tags and the raw samples behind them."""
-    strategy = get_strategy(cell.cache)
-    runs = [sample.call for sample in phase.kept]
-    kv = runs[-1].kv_bytes
-    metrics = {
-        **summarize_runs([(r.times, r.peak) for r in runs], cell),
-        **quality,
-        Metric.FIRST_CALL_MS: first.times.e2e_ms,
-        Metric.KV_CACHE_BYTES: float(kv.total),
-        Metric.KV_CACHE_DEVICE_BYTES: float(kv.device),
-        Metric.KV_CACHE_HOST_BYTES: float(kv.host),
-        Metric.KV_CACHE_BYTES_DENSE: float(cell_dense_kv_bytes(cell, shape)),
-    }
-    kv_traffic = decode_kv_traffic(
-        strategy, shape, cell.batch_size, cell.dtype, cell.context_length, cell.max_new_tokens
-    )
-    device_per_token = decode_weight_bytes(model) + kv_traffic.device_bytes
-    metrics.update(bandwidth_metrics(device_per_token, metrics[Metric.TPOT_MS], bandwidth, kv_traffic.host_link_bytes))
-    samples = {
-        "first_call": _call_samples(first),
-        "repeats": [_call_samples(s.call, s.contention) for s in phase.kept],
-        "discarded": [_call_samples(s.call, s.contention) for s in phase.discarded],
-    }
-    return ResultPart(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
-
-
-def _noise(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> ResultPart:
-    """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
-    gpu_seen = gpu_verdict(gpu.verdict, gpu.seen_on) if gpu is not None else None
-    contended, contention = merge(host.verdict(), gpu_seen)
-    tags = {ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention}
-    if phase.target_met is not None:
-        tags[ResultTag.CI_TARGET] = "met" if phase.target_met else "missed"
-    environment = gpu.record() if gpu is not None else {}  # gpu_other_pids, and what each GPU's checks found
-    metrics = {**host.metrics(), Metric.DISCARDED_CALLS: float(len(phase.discarded))}
-    return ResultPart(metrics, tags, environment)
-
-
-def _energy_found(energy: Energy) -> ResultPart:
-    if energy.joules_per_token is None:
-        return ResultPart(tags={ResultTag.ENERGY: f"unknown: {energy.unknown}"})
-    return ResultPart({Metric.JOULES_PER_TOKEN: energy.joules_per_token}, samples={"energy": energy.record()})
-
-
-def _quality_found(quality: QualityCheck) -> ResultPart:
-    tags = {ResultTag.QUALITY: quality.not_measured} if quality.not_measured else {}
-    environment = {"quality_forward": quality.forward} if quality.forward else {}
-    return ResultPart(tags=tags, environment=environment, trials=quality.trials)
-
-
-@dataclass(frozen=True)
-class Loaded:
-    model: torch.nn.Module
-    shape: KvShape
-    seconds: float  # building it (`model_load_s`)
-    split: Split | None = None  # placed over several devices
-
-
-def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:
-    """The cell with its model read from where it lies: a Hub model the driver fetched, as its cached
-    snapshot's folder (the weights and tokenizer then load with no request to the Hub); any other as it is."""
-    if cell.model not in hub_cache:
-        return cell
-    snapshot = cached_model(cell.model, hub_cache[cell.model] or None)  # a GGUF model: its file in the snapshot
-    if snapshot is None:
-        where = hub_cache_folder(hub_repo(cell.model), hub_cache[cell.model] or None)
-        raise RuntimeError(f"{cell.model} was fetched before the sweep, but {where} has no snapshot of it on this node")
-    return replace(cell, model=str(snapshot))
-
-
-def _load(
-    cell: Cell,
-    protocol: MeasureProtocol,
-    trust_remote_code: bool,
-    on_phase: Callable[[str], None],
-    source: Cell | None = None,
-    split_devices: int = 0,
-) -> Loaded | str:
-    """The cell's model on its device (or its devices), or why the cell is skipped (found before or after
-    building it). `source`: the cell with its model where it is read from (`fetched_source`);
-    `split_devices`: the seam that splits it over that many CPU devices."""
-    device = protocol.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("cell planned for CUDA but this worker has no usable GPU")
-    reason = skip_reason(cell, device, None, package_installed)
-    if reason is not None:
-        return reason
-    loaded_at = time.perf_counter()
-    ref = classify((source or cell).model)
-    devices = cell_devices(protocol, split_devices)
-    split = cell_split(cell, ref, devices, trust_remote_code) if devices else None
-    if split is not None:
-        dtype = torch_dtype_of(cell.dtype)
-        model, _ = build_split_model(ref, dtype, protocol.seed, split, trust_remote_code, cell.weights)
-    else:
-        model = build_model(ref, cell.dtype, device, protocol.seed, trust_remote_code, cell.weights)
-    seconds = time.perf_counter() - loaded_at
-    on_phase("built")
-    shape = kv_shape(model.config)
-    reason = skip_reason(cell, device, shape, package_installed)
-    return reason if reason is not None else Loaded(model, shape, seconds, split)
-
-
-def _call_samples(call: MeasuredCall, contention: CallContention | None = None) -> dict[str, Any]:
-    """One call's raw numbers; measured calls add what others took of the CPUs meanwhile (None: unreadable)."""
-    samples: dict[str, Any] = {
-        Metric.TTFT_MS: call.times.ttft_ms,
-        "gaps_ms": call.times.gaps_ms,
-        Metric.E2E_MS: call.times.e2e_ms,
-        Metric.PEAK_HOST_RSS_BYTES: call.peak.host_rss_bytes,
-        Metric.PEAK_DEVICE_MEM_BYTES: call.peak.device_bytes,
-    }
-    if call.peak.device_bytes_each is not None:  # a model over several GPUs: each one's peak
-        samples["peak_device_mem_bytes_per_gpu"] = call.peak.device_bytes_each
-    return samples | (contention.to_dict() if contention is not None else {})
 
 
 def session_on_cuda(device: str) -> bool:
