@@ -7,9 +7,9 @@ first filler kvsweep used, docstrings of Python's standard library, is about cod
 values, and a real chat model asked for "the pass key" after it answered about the text instead.
 
 So the filler is kvsweep's own: small scenes of country life (weather, rivers, gardens, markets,
-kitchens, birds, roads, seasons), each paragraph a topic, each sentence a template filled from word
-lists (`filler_scenes.py`). The words were chosen to hold no digits and nothing about passing, keys, locks,
-secrets, codes or computing (`FORBIDDEN_WORDS`, checked by the tests). The text is kvsweep's own
+kitchens, birds, roads, seasons), each paragraph a topic, each sentence a template (`filler_scenes.py`)
+filled from word lists (`filler_words.py`). The words were chosen to hold no digits and nothing about
+passing, keys, locks, secrets, codes or computing (`FORBIDDEN_WORDS`, checked by the tests). The text is kvsweep's own
 (Apache-2.0, like the rest of it); nothing is read from disk or downloaded, and paragraph `n` is the
 same on every machine and Python version.
 """
@@ -18,7 +18,8 @@ import functools
 import random
 import re
 
-from kvsweep.inputs.filler_scenes import OPENERS, TOPICS, WORDS
+from kvsweep.inputs.filler_scenes import TOPICS
+from kvsweep.inputs.filler_words import OPENERS, WORDS
 
 # Words the filler must never contain: the question's subject, what could be taken for the answer.
 FORBIDDEN_WORDS = frozenset(
