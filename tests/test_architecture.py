@@ -78,3 +78,12 @@ def _is_module_path(text: str) -> bool:
         return importlib.util.find_spec(text.rstrip(".")) is not None
     except (ImportError, ValueError):
         return False
+
+
+def test_no_two_modules_share_a_name():
+    """A module's name says what it holds, once: two `verdict.py` in different packages read as one idea."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT / "src")))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
