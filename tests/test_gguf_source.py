@@ -15,7 +15,9 @@ import pytest
 
 from conftest import cell_runs
 from kvsweep.config.validate import check_gguf_models
-from kvsweep.driver.hub_prefetch import HubSettings, fetch_on_node, models_to_fetch
+from kvsweep.driver.hub_environment import HubSettings
+from kvsweep.driver.node_fetch import fetch_on_node
+from kvsweep.driver.prefetch_plan import models_to_fetch
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell
 from kvsweep.model_names import display_names, short_name
