@@ -15,17 +15,16 @@ import pytest
 
 from conftest import cell_runs
 from kvsweep.config.validate import check_gguf_models
-from kvsweep.driver.hub_environment import HubSettings
-from kvsweep.driver.node_fetch import fetch_on_node
-from kvsweep.driver.prefetch_plan import models_to_fetch
+from kvsweep.driver.hub_node_fetch import HubSettings, fetch_on_node
+from kvsweep.driver.hub_prefetch import models_to_fetch
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell
 from kvsweep.model_names import display_names, short_name
 from kvsweep.models.facts import read_facts
 from kvsweep.models.gguf_header import NotGguf, read_gguf_header
 from kvsweep.models.gguf_source import gguf_parameters, gguf_problem
+from kvsweep.models.prequantized import prequantized_label
 from kvsweep.models.resolve import cached_model, classify
-from kvsweep.models.weight_schemes import prequantized_label
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import model_facts
 from kvsweep.testing.fake_hub import FETCH_LOG, FolderHub

@@ -12,11 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvsweep.cell.run_cell import run_cell
-from kvsweep.driver.hub_environment import HubSettings, hub_settings
-from kvsweep.driver.hub_prefetch import ModelFetch
-from kvsweep.driver.load_files import files_to_fetch, load_problem
-from kvsweep.driver.node_fetch import fetch_on_node
-from kvsweep.driver.prefetch_plan import models_to_fetch, plan_after, skip_unavailable
+from kvsweep.driver.hub_node_fetch import HubSettings, fetch_on_node, files_to_fetch, hub_settings, load_problem
+from kvsweep.driver.hub_prefetch import ModelFetch, models_to_fetch, plan_after, skip_unavailable
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.facts import read_facts

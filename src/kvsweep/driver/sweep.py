@@ -269,10 +269,8 @@ class SweepRun:
         """Hub models the pending cells need are fetched now, once per node (`driver/hub_prefetch.py`): the
         cells of one that cannot be are skipped with the reason; one the plan could not read here is planned
         again from its fetched files. The time is the parent run's `hub_fetch_s`."""
-        from kvsweep.driver.hub_environment import hub_settings
-        from kvsweep.driver.hub_prefetch import prefetch
-        from kvsweep.driver.hub_sources import source_for
-        from kvsweep.driver.prefetch_plan import models_to_fetch, plan_after
+        from kvsweep.driver.hub_node_fetch import hub_settings, source_for
+        from kvsweep.driver.hub_prefetch import models_to_fetch, plan_after, prefetch
 
         planned, done, cfg, device = self.planned, self.tracking.done, self.cfg, self.connected.device
         pending = [p for p in planned.cells if cell_id(p.cell, planned.protocol) not in done]

@@ -3,20 +3,155 @@
 This is what each fetch task runs. It reads the repo's file list, fetches only what a load reads, checks the
 files are there, and reads the model's facts from them; whatever goes wrong becomes one line a user can
 act on, the reason the model's cells are skipped.
+
+Which files: a repo often holds the same weights in several formats and files no load opens (a README,
+ONNX exports, another library's checkpoint); fetching them would spend the download on bytes no cell reads.
+The rules follow Transformers' own choice of files, and say why a repo that lacks them cannot be loaded.
+
+From where: the code reaches a repo only through a source (its file list, and some of its files in the Hub
+cache): the Hugging Face Hub itself, or `+testing.hub=FOLDER`, repos saved in a folder, with no network.
+
+With which settings: the driver's environment decides, read once and sent to every node's fetch:
+`HF_HUB_OFFLINE` (fetch nothing; what is cached is used), `HF_HOME` / `HF_HUB_CACHE` (the cache every node
+fetches into and the cells read; unset: each node's own) and `HF_TOKEN` (sent to the fetch tasks only;
+unset: each node's own token, if any).
 """
 
+import glob
 import json
+import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
-from kvsweep.driver.hub_environment import HubSettings
-from kvsweep.driver.hub_sources import HubSource
-from kvsweep.driver.load_files import files_to_fetch, load_problem, snapshot_files, weights_index
 from kvsweep.errors import first_line
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.gguf_source import file_problem, hub_gguf
 from kvsweep.models.resolve import ModelRef, cached_snapshot, hub_cache_folder, hub_repo
+
+_TRUE = {"1", "on", "yes", "true"}
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """What the driver's environment says about the Hub, for every node's fetch."""
+
+    offline: bool  # HF_HUB_OFFLINE: fetch nothing, use what the cache holds
+    token: str | None  # HF_TOKEN: None, each node's own token (its HF_TOKEN or HF_HOME/token)
+    cache_dir: str | None  # HF_HUB_CACHE, else HF_HOME/hub; None: each node's own cache
+
+
+def hub_settings(environ: Mapping[str, str] | None = None) -> HubSettings:
+    """The settings from the driver's environment (os.environ unless given), read when the sweep runs."""
+    env = os.environ if environ is None else environ
+    offline = any(env.get(key, "").strip().lower() in _TRUE for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    cache_dir = env.get("HF_HUB_CACHE") or (os.path.join(env["HF_HOME"], "hub") if env.get("HF_HOME") else None)
+    expanded = os.path.expanduser(os.path.expandvars(cache_dir)) if cache_dir else None
+    return HubSettings(offline, env.get("HF_TOKEN") or None, expanded)
+
+
+class HubSource(Protocol):
+    """Where a node fetches repos from: the Hub (`HfHubSource`), or a test's stand-in (`testing/fake_hub.py`)."""
+
+    def files(self, repo: str, token: str | None) -> list[str]:
+        """Every file's path in the repo's main revision."""
+        ...
+
+    def fetch(self, repo: str, files: list[str], token: str | None, cache_dir: str | None) -> Path:
+        """`files` of the main revision in the Hub cache under `cache_dir` (None: the default); the snapshot folder."""
+        ...
+
+
+class HfHubSource:
+    """The Hugging Face Hub, through huggingface_hub (parallel downloads, resumed, into its cache layout)."""
+
+    def files(self, repo: str, token: str | None) -> list[str]:
+        from huggingface_hub import HfApi
+
+        info = HfApi().model_info(repo, token=token)
+        return [sibling.rfilename for sibling in info.siblings or []]
+
+    def fetch(self, repo: str, files: list[str], token: str | None, cache_dir: str | None) -> Path:
+        from huggingface_hub import snapshot_download
+
+        patterns = [glob.escape(f) for f in files]  # exact names: `[` in a name is not a pattern
+        return Path(snapshot_download(repo, allow_patterns=patterns, token=token, cache_dir=cache_dir))
+
+
+def source_for(folder: str) -> HubSource:
+    """The Hub, or with the `+testing.hub=FOLDER` seam, a stand-in serving the repos saved under FOLDER."""
+    if not folder:
+        return HfHubSource()
+    from kvsweep.testing.fake_hub import FolderHub
+
+    return FolderHub(folder)
+
+
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tekken.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+# Transformers' own order: one safetensors file, else its index and shards, else the same for pytorch .bin.
+WEIGHT_FORMATS = (
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+)
+
+
+def files_to_fetch(files: Iterable[str], index: dict[str, Any] | None = None, with_code: bool = False) -> list[str]:
+    """The files of a repo a model load reads: its config, its tokenizer's files, and the weights
+    Transformers would pick (`model.safetensors`, else the safetensors index and the shards it names, else
+    the same for `pytorch_model.bin`), never other formats or duplicates. Files in sub-folders are
+    never read by a load. `index`: the weights index once read (its shards are added); `with_code`: the
+    repo's own `.py` files (trust_remote_code)."""
+    top = {f for f in files if "/" not in f}
+    wanted = [f for f in (*CONFIG_FILES, *TOKENIZER_FILES) if f in top]
+    wanted += sorted(f for f in top if f.endswith(".tiktoken"))  # a tiktoken tokenizer's ranks
+    if with_code:
+        wanted += sorted(f for f in top if f.endswith(".py"))
+    for single, index_file in WEIGHT_FORMATS:
+        if single in top:
+            return [*wanted, single]
+        if index_file in top:
+            shards = sorted(set((index or {}).get("weight_map", {}).values()))
+            return [*wanted, index_file, *shards]
+    return wanted
+
+
+def weights_index(files: Iterable[str]) -> str | None:
+    """The weights index among `files` a load would read (its shards are known once it is read), or None."""
+    picked = files_to_fetch(files)
+    return next((f for f in picked if f.endswith(".index.json")), None)
+
+
+def load_problem(files: Iterable[str]) -> str | None:
+    """Why a load could not read a repo with these files: no config, or no weights in a format it reads."""
+    top = {f for f in files if "/" not in f}
+    if "config.json" not in top:
+        return "it has no config.json (not a Transformers model)"
+    if not any(single in top or index in top for single, index in WEIGHT_FORMATS):
+        return "it has no model.safetensors or pytorch_model.bin weights (nor their index)"
+    return None
+
+
+def snapshot_files(snapshot: Path) -> list[str]:
+    """The files of a cached snapshot, as paths in the repo (its links resolve into the cache's blobs)."""
+    return sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
+
 
 REASON_CHARS = 300
 
