@@ -140,7 +140,8 @@ def test_a_decode_step_reads_quantized_weights_as_stored_not_at_their_nominal_si
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from kvsweep.models.presets import PRESETS
-    from kvsweep.models.weight_schemes import quantize_built_model, weight_scheme
+    from kvsweep.models.quantize_weights import quantize_built_model
+    from kvsweep.models.weight_schemes import weight_scheme
 
     preset = PRESETS["tiny-llama"]
     config = AutoConfig.for_model(preset.model_type, **{**preset.config, "tie_word_embeddings": False})

@@ -13,8 +13,9 @@ from transformers.initialization import no_init_weights
 
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.models.gguf_source import dequantizing
+from kvsweep.models.quantize_weights import quantization_config, quantize_built_model
 from kvsweep.models.resolve import ModelRef, load_config, pretrained_args
-from kvsweep.models.weight_schemes import WeightScheme, quantization_config, quantize_built_model, weight_scheme
+from kvsweep.models.weight_schemes import WeightScheme, weight_scheme
 
 INIT_STD = 0.02
 

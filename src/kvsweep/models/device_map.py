@@ -21,9 +21,10 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from kvsweep.models.build import fill_random_weights, load_options
+from kvsweep.models.quantize_weights import quantize_built_model
 from kvsweep.models.resolve import ModelRef, load_config, meta_model
 from kvsweep.models.weight_layout import decoder_layers
-from kvsweep.models.weight_schemes import quantize_built_model, weight_scheme
+from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.plan.sharding import GpuLoad
 
 
