@@ -23,7 +23,7 @@ from kvsweep.model_names import display_names, short_name
 from kvsweep.models.facts import read_facts
 from kvsweep.models.gguf_header import NotGguf, read_gguf_header
 from kvsweep.models.gguf_source import gguf_parameters, gguf_problem
-from kvsweep.models.prequantized import prequantized_label
+from kvsweep.models.quantize_weights import prequantized_label
 from kvsweep.models.resolve import cached_model, classify
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import model_facts

@@ -11,14 +11,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvsweep.models.build import fill_random_weights
-from kvsweep.models.prequantized import prequantized_label
 from kvsweep.models.presets import PRESETS, Preset
-from kvsweep.models.quantize_weights import quantization_config, quantize_built_model
+from kvsweep.models.quantize_weights import prequantized_label, quantization_config, quantize_built_model, stored_bytes
 from kvsweep.models.resolve import ModelRef, load_config, meta_model
-from kvsweep.models.stored_bytes import stored_bytes
-from kvsweep.models.weight_bytes import layout_bytes, linear_bytes
 from kvsweep.models.weight_layout import Block, Linear, WeightLayout, layout_of_module, layout_of_preset
-from kvsweep.models.weight_schemes import WEIGHT_SCHEMES, scheme_problem, weight_scheme
+from kvsweep.models.weight_schemes import WEIGHT_SCHEMES, layout_bytes, linear_bytes, scheme_problem, weight_scheme
 
 QUANTO = ("quanto-int8", "quanto-int4")
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2}
@@ -140,7 +137,7 @@ def test_planning_a_preset_imports_no_torch() -> None:
         "import sys\n"
         "from kvsweep.models.presets import PRESETS\n"
         "from kvsweep.models.weight_layout import layout_of_preset\n"
-        "from kvsweep.models.weight_bytes import layout_bytes\n"
+        "from kvsweep.models.weight_schemes import layout_bytes\n"
         "from kvsweep.models.weight_schemes import weight_scheme, scheme_problem\n"
         "layout_bytes(layout_of_preset(PRESETS['llama-3.1-8b']), weight_scheme('bnb-nf4'), 2)\n"
         "scheme_problem('quanto-int4', 'cpu', lambda name: True)\n"

@@ -16,8 +16,8 @@ from typing import Any
 
 from kvsweep.models.gguf_header import read_gguf_header
 from kvsweep.models.gguf_source import file_problem, gguf_parameters, is_gguf
-from kvsweep.models.prequantized import prequantized_label
 from kvsweep.models.presets import PRESETS, Preset
+from kvsweep.models.quantize_weights import prequantized_label
 from kvsweep.models.resolve import ModelRef, cached_model, kv_shape, load_config, meta_model
 from kvsweep.models.shape import KvShape, shape_from_dict
 from kvsweep.models.weight_layout import WeightLayout, layout_of_module, layout_of_preset

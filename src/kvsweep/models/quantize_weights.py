@@ -13,8 +13,16 @@ parameter; weights tied to the embeddings) and the model's `_keep_in_fp32_module
 Embeddings, norms, gpt-oss's router and fused expert tensors are not `nn.Linear`: every scheme leaves them in the
 model's dtype. For a `WeightLayout` this means: the linears of `first` and of the decoder layers are quantized,
 those of `last` (the head) are not.
+
+Also here: what a built model's weights really occupy, counted from its tensors' storages: the figure a cell records
+(`weights_bytes`), the bytes a decode step reads (`measure/decode_bound.py`), and the check on the byte formulas
+of `weight_schemes.py`.
+
+Checkpoints quantized already: the label a model's config.json gives its weights' quantization, so that a
+cell records where its weights came from and the planner refuses to quantize them again.
 """
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kvsweep.models.weight_schemes import TORCHAO_GROUP, WeightScheme
@@ -89,3 +97,105 @@ def _put(model: Any, name: str, value: Any) -> None:
     if attr not in module._buffers and not isinstance(value, torch.nn.Parameter):
         value = torch.nn.Parameter(value, requires_grad=value.is_floating_point())
     setattr(module, attr, value)
+
+
+def stored_bytes(model: Any) -> int:
+    """The bytes a built model's parameters and persistent buffers occupy (what a checkpoint of it holds; not
+    rotary tables), counted from their storages: a quantized tensor's inner tensors (quanto's data, scales, shifts;
+    torchao's qdata, scale_and_zero), a bitsandbytes weight's quant state (absmax, code) or row scales (SCB).
+    A storage shared by several tensors (tied weights) counts once; a storage larger than its view counts whole."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for tensor in _model_tensors(model):
+        for leaf in _leaves(tensor):
+            key = (str(leaf.device), leaf.untyped_storage().data_ptr() if leaf.device.type != "meta" else id(leaf))
+            if key in seen or leaf.numel() == 0:
+                continue
+            seen.add(key)
+            meta = leaf.device.type == "meta"
+            total += leaf.numel() * leaf.element_size() if meta else leaf.untyped_storage().nbytes()
+    return total
+
+
+def _model_tensors(model: Any) -> Iterator[Any]:
+    for module in model.modules():
+        yield from (p for p in module._parameters.values() if p is not None)
+        persistent = (b for n, b in module._buffers.items() if n not in module._non_persistent_buffers_set)
+        yield from (b for b in persistent if b is not None)
+
+
+def _leaves(tensor: Any) -> Iterator[Any]:
+    """The plain tensors holding `tensor`'s data: itself, or a wrapper subclass's inner tensors, recursively, and
+    the tensors bitsandbytes keeps beside a quantized weight."""
+    import torch
+
+    state, scb = getattr(tensor, "quant_state", None), getattr(tensor, "SCB", None)
+    if state is not None or isinstance(scb, torch.Tensor):  # bitsandbytes: Params4bit, Int8Params
+        yield tensor.data
+        yield from _state_tensors(state)  # 4-bit: absmax and code
+        if isinstance(scb, torch.Tensor):
+            yield scb  # int8: a float32 scale per output row
+        return
+    flatten = getattr(type(tensor), "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        names, _ = tensor.__tensor_flatten__()
+        for name in names:
+            inner = getattr(tensor, name)
+            if inner is not None:
+                yield from _leaves(inner)
+        return
+    yield tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor
+
+
+def _state_tensors(state: Any) -> Iterator[Any]:
+    """A bitsandbytes QuantState's tensors (absmax, code, offset), its nested state's too (double quantization)."""
+    import torch
+
+    if state is None:
+        return
+    for value in vars(state).values():
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif type(value) is type(state):
+            yield from _state_tensors(value)
+
+
+_FP8_METHODS = {"fp8", "fbgemm_fp8"}
+GGUF_METHOD = "gguf"  # Transformers' GgufConfig, set on every model it loads from a GGUF file
+_BITS_KEYS = ("bits", "w_bit", "nbits", "weight_bits")
+
+
+def prequantized_label(config: Mapping[str, Any]) -> str | None:
+    """How a config.json says its weights are quantized: `awq-int4`, `gptq-int4`, `fp8`, `bnb-nf4`, `bnb-int8`,
+    `quanto-int8`, `compressed-tensors`, `mxfp4`..., the method itself when it names no bit width; None when it
+    has no `quantization_config` (a multimodal config's `text_config` counts too), and for a GGUF file's: kvsweep
+    loads it dequantized (`models/gguf_source.py`), dense weights whose origin is recorded apart."""
+    found = _quantization_section(config)
+    if found is None:
+        return None
+    raw = found.get("quant_method") or ("bitsandbytes" if _bnb_flags(found) else "quantized")
+    method = str(getattr(raw, "value", raw)).lower()  # a live config holds Transformers' QuantizationMethod enum
+    if method == GGUF_METHOD:
+        return None
+    if method == "bitsandbytes":
+        if found.get("load_in_4bit") or found.get("_load_in_4bit"):
+            return f"bnb-{found.get('bnb_4bit_quant_type') or 'fp4'}"
+        return "bnb-int8"
+    if method in _FP8_METHODS:
+        return "fp8"
+    if method == "quanto":
+        return f"quanto-{found.get('weights') or 'int8'}"
+    bits = next((found[key] for key in _BITS_KEYS if isinstance(found.get(key), int)), None)
+    label = method.replace("_", "-")
+    return f"{label}-int{bits}" if bits is not None else label
+
+
+def _quantization_section(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for part in (config, config.get("text_config")):
+        if isinstance(part, Mapping) and isinstance(part.get("quantization_config"), Mapping):
+            return part["quantization_config"]
+    return None
+
+
+def _bnb_flags(found: Mapping[str, Any]) -> bool:
+    return any(found.get(key) for key in ("load_in_4bit", "load_in_8bit", "_load_in_4bit", "_load_in_8bit"))

@@ -1,13 +1,45 @@
 """Weight quantization schemes (`grid.weights`): the names a sweep may ask for, what each needs (a package, CUDA,
 a dtype), and why a cell cannot use one.
 
-The rest of the idea lives beside it: what a scheme stores, counted from a model's shapes (`weight_bytes.py`);
-applying a scheme to a model (`quantize_weights.py`); what a built model really stores (`stored_bytes.py`);
-checkpoints quantized already (`prequantized.py`).
+The exact bytes a model's weights take under a scheme, counted from its shapes (a `WeightLayout`) without
+building it, so that the planner can size a cell before anything loads (and without importing torch).
+
+Which linears a scheme quantizes is Transformers' choice (`quantize_weights.py`): those of `first` and of the
+decoder layers, never those of `last` (the head); embeddings, norms and anything else that is not an `nn.Linear`
+stay in the model's dtype.
+
+Bytes each backend stores for one `in` x `out` linear (`linear_bytes`; a bias stays in the model's dtype):
+
+- quanto int8 (`WeightQBytesTensor`): int8 data `out*in`, a scale per output row in the model's dtype, and the
+  QLinear's two float32 scalar buffers `input_scale`/`output_scale` (Transformers' `QuantoQuantize` sets them
+  with `torch.ones(...)`, float32 whatever the model's dtype).
+- quanto int4: the group `g` along `in` is 128, else the largest of 96, 64, 32 dividing `in`; none when
+  `in <= 128` or none divides (then one group per row) (`QModuleMixin.__init__`). `rows` = number of groups
+  (`out*in/g`, or `out`); a scale and a shift per group in the model's dtype (`MaxOptimizer`); data two weights
+  a byte, `PackedTensor` packs along rows: `ceil(rows/2) * cols` bytes. bfloat16 with `g == 128` is re-packed for
+  tinygemm (`TinyGemmWeightQBitsTensor`: data `out*in/2` bytes, scale and shift in one `(in/g, out, 2)` tensor),
+  float16 on CUDA with `g == 128` for AWQ (data `out*in/2`, scale and shift `(in/g, out)` each): the same bytes
+  whenever `rows` is even, which every real model's shapes are. Plus the same two float32 scalars.
+- bitsandbytes int8 (`Int8Params`, `int8_vectorwise_quant`): int8 `out*in` and a float32 scale (`SCB`) per row.
+- bitsandbytes NF4 (`Params4bit`, `quantize_4bit`, no double quantization, block 64): `ceil(out*in/2)` bytes, a
+  float32 absmax per block of 64 weights, and the 16-entry float32 NF4 code of the weight's quant state.
+- torchao int4 (`Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")`, tinygemm on CUDA,
+  bfloat16 only): `out` padded to a multiple of 8 and `in` to a multiple of 1024 (`Int4TilePackedTo4dTensor`),
+  data half a byte per padded weight, scale and zero point packed in one bfloat16 `(in_pad/128, out_pad, 2)`.
+
+The quanto figures are checked against built models on CPU (tests/test_weight_schemes.py); the bitsandbytes and
+torchao ones are written from those libraries' sources (neither runs on this CPU-only machine) and are for a GPU
+run to confirm with `stored_bytes`.
+
+Applying a scheme to a built model, counting what it really stores and recognising checkpoints quantized
+already: `quantize_weights.py`.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kvsweep.models.weight_layout import Block, Linear, WeightLayout
 
 NONE = "none"
 
@@ -65,3 +97,64 @@ def scheme_problem(name: str, device: str, is_installed: Callable[[str], bool], 
     if not is_installed(scheme.package):
         return f"{name} weights need the '{scheme.package}' package ({scheme.install_hint})"
     return None
+
+
+# a QLinear's input_scale and output_scale: float32 scalars (Transformers' QuantoQuantize)
+QUANTO_SCALAR_BUFFERS = 2 * 4
+NF4_CODE_BYTES = 16 * 4  # the 16 NF4 levels, float32, in each weight's quant state
+TORCHAO_IN_PAD, TORCHAO_OUT_PAD = 1024, 8  # Int4TilePackedTo4dTensor pads in_features and out_features to these
+
+
+def quanto_group(in_features: int) -> int | None:
+    """optimum-quanto's int4 group along the input features (`QModuleMixin.__init__`): 128, else the largest of
+    96, 64, 32 dividing them; None (one group per output row) when there are at most 128 or none divides."""
+    group = 128
+    if in_features <= group:
+        return None
+    while in_features % group and group > 32:
+        group -= 32
+    return group if in_features % group == 0 else None
+
+
+def linear_bytes(scheme: WeightScheme | None, linear: Linear, dtype_bytes: int) -> int:
+    """Exact stored bytes of `linear.count` such nn.Linear modules under `scheme` (None: left in the model's
+    dtype), weights, scales, zero points, biases and per-module buffers as the backend stores them."""
+    bias = linear.out_features * dtype_bytes if linear.bias else 0
+    return linear.count * (_weight_bytes(scheme, linear.in_features, linear.out_features, dtype_bytes) + bias)
+
+
+def _weight_bytes(scheme: WeightScheme | None, n_in: int, n_out: int, dtype_bytes: int) -> int:
+    weights = n_in * n_out
+    if scheme is None:
+        return weights * dtype_bytes
+    if scheme.backend == "quanto" and scheme.bits == 8:
+        return weights + n_out * dtype_bytes + QUANTO_SCALAR_BUFFERS
+    if scheme.backend == "quanto":
+        group = quanto_group(n_in)
+        rows, cols = (n_out, n_in) if group is None else (weights // group, group)
+        return math.ceil(rows / 2) * cols + 2 * rows * dtype_bytes + QUANTO_SCALAR_BUFFERS
+    if scheme.backend == "bnb" and scheme.bits == 8:
+        return weights + n_out * 4
+    if scheme.backend == "bnb":
+        return (weights + 1) // 2 + math.ceil(weights / NF4_BLOCK) * 4 + NF4_CODE_BYTES
+    if scheme.backend == "torchao":
+        padded_in = math.ceil(n_in / TORCHAO_IN_PAD) * TORCHAO_IN_PAD
+        padded_out = math.ceil(n_out / TORCHAO_OUT_PAD) * TORCHAO_OUT_PAD
+        return padded_in * padded_out // 2 + (padded_in // TORCHAO_GROUP) * padded_out * 2 * 2
+    raise ValueError(f"no byte formula for {scheme.name}")
+
+
+def block_bytes(block: Block, scheme: WeightScheme | None, dtype_bytes: int, quantized: bool = True) -> int:
+    """A block's bytes: its linears under `scheme` (in the dtype when `quantized` is off: the head), the rest
+    (embeddings, norms, experts...) in the dtype."""
+    linears = sum(linear_bytes(scheme if quantized else None, linear, dtype_bytes) for linear in block.linears)
+    return linears + block.other_elements * dtype_bytes
+
+
+def layout_bytes(layout: WeightLayout | Block, scheme: WeightScheme | None, dtype_bytes: int) -> int:
+    """A model's (or one block's, its linears quantized) weight bytes under `scheme`. Of a whole model the linears
+    of `last` stay in the dtype: Transformers never quantizes the output embeddings nor the last module."""
+    if isinstance(layout, Block):
+        return block_bytes(layout, scheme, dtype_bytes)
+    inner = sum(block_bytes(b, scheme, dtype_bytes) for b in (layout.first, *layout.layers))
+    return inner + block_bytes(layout.last, scheme, dtype_bytes, quantized=False)
