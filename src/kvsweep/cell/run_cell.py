@@ -34,9 +34,8 @@ from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.peak_memory import CudaMemory
 from kvsweep.measure.sampling import SamplingRules, measure_phase
 from kvsweep.models.gguf_source import weights_origin
-from kvsweep.models.prequantized import prequantized_label
+from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
 from kvsweep.models.resolve import classify
-from kvsweep.models.stored_bytes import stored_bytes
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult

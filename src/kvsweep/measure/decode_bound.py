@@ -3,7 +3,7 @@
 from typing import Any
 
 from kvsweep.measure.bandwidth import Bandwidth
-from kvsweep.models.stored_bytes import stored_bytes
+from kvsweep.models.quantize_weights import stored_bytes
 from kvsweep.names import Metric
 
 # A utilization above this is impossible for bytes that must come from memory (5% for timer and

@@ -19,9 +19,8 @@ from kvsweep.caches.layer_tokens import offloads, token_bytes, windows
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
-from kvsweep.models.weight_bytes import block_bytes, layout_bytes
 from kvsweep.models.weight_layout import Block, WeightLayout
-from kvsweep.models.weight_schemes import weight_scheme
+from kvsweep.models.weight_schemes import block_bytes, layout_bytes, weight_scheme
 from kvsweep.plan.kv_prediction import cell_device_kv_bytes
 from kvsweep.plan.sharding import GpuLoad, LayerCosts, split_layers
 from kvsweep.units import GB
