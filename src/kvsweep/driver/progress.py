@@ -5,7 +5,7 @@ running cell with how long it has run; only failures add a line above it. In a l
 every finished cell is one appended line, as `tail -f` and grep expect. Driver only: nothing here
 runs in a cell's actor.
 
-The live progress display on a terminal, drawn with rich (driver only; imported only on a TTY).
+The live progress display on a terminal is drawn with rich, imported only when a terminal shows it.
 
 A bar with done/total, the counts by status, running/left, elapsed and ETA, then one row per
 running cell with how long it has run. Redrawn a few times a second; messages print above it.
@@ -16,17 +16,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
-
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.grid import Cell, cell_label
 from kvsweep.names import Metric
 from kvsweep.results import OK, SKIPPED, STATUSES, CellResult
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 def clock(seconds: float) -> str:
@@ -91,8 +88,6 @@ class SweepProgress:
         if not self.live:
             yield
             return
-        from kvsweep.driver.progress import live_display
-
         with live_display(self) as print_above:
             self._print = print_above
             try:
@@ -138,7 +133,12 @@ def _is_terminal(stream: TextIO) -> bool:
 REFRESH_PER_S = 4
 
 
-def render(progress: SweepProgress, now: float) -> RenderableType:
+def render(progress: SweepProgress, now: float) -> "RenderableType":
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
     head = Table.grid(padding=(0, 1))
     bar = ProgressBar(total=max(progress.total, 1), completed=progress.done, width=30)
     head.add_row(bar, Text(progress.line()))
@@ -154,6 +154,9 @@ def live_display(progress: SweepProgress) -> Iterator[Callable[[str], None]]:
 
     Stray writes to sys.stdout/sys.stderr meanwhile (warnings, libraries) are printed above it too.
     """
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console(file=progress.stream, force_terminal=True, highlight=False)
     with Live(
         get_renderable=lambda: render(progress, time.monotonic()),
