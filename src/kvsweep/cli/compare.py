@@ -28,6 +28,7 @@ class BadArguments(Exception):
 
 def compare_main(argv: list[str]) -> int:
     from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD
+    from kvsweep.config.schema import DEFAULT_EXPERIMENT
 
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep compare",
@@ -41,7 +42,11 @@ def compare_main(argv: list[str]) -> int:
         default=os.environ.get("MLFLOW_TRACKING_URI", ""),
         help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)",
     )
-    parser.add_argument("--experiment", default="kvsweep", help="experiment for names and latest (default kvsweep)")
+    parser.add_argument(
+        "--experiment",
+        default=DEFAULT_EXPERIMENT,
+        help=f"experiment for names and latest (default {DEFAULT_EXPERIMENT})",
+    )
     parser.add_argument(
         "--threshold",
         type=float,

@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from kvsweep.names import Metric, RunTag
+from kvsweep.names import RunTag
 
 if TYPE_CHECKING:
     from kvsweep.report.capacity_assessment import CapacityContext
@@ -16,12 +16,16 @@ T = TypeVar("T")
 
 
 def report_main(argv: list[str]) -> int:
+    from kvsweep.config.schema import DEFAULT_EXPERIMENT, RANK_BY
+
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep report",
         description="Rebuild a sweep's report from MLflow: selection table, plots, report.html, selection.md.",
     )
     parser.add_argument("--run-id", help="the sweep's parent run (default: the latest sweep in the experiment)")
-    parser.add_argument("--experiment", default="kvsweep", help="MLflow experiment (default: kvsweep)")
+    parser.add_argument(
+        "--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})"
+    )
     parser.add_argument(
         "--tracking-uri",
         default=os.environ.get("MLFLOW_TRACKING_URI", ""),
@@ -36,9 +40,7 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument(
         "--max-kl", type=float, help="where no informative task judges: refuse caches whose mean KL exceeds this (nats)"
     )
-    parser.add_argument(
-        "--rank-by", choices=(Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS), help="what 'fastest' means"
-    )
+    parser.add_argument("--rank-by", choices=RANK_BY, help="what 'fastest' means")
     parser.add_argument(
         "--gpu-hour-cost", type=float, help="price of one GPU-hour: capacity's cost per 1M output tokens (0 = none)"
     )

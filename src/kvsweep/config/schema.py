@@ -1,10 +1,11 @@
 """The structured config schema: every key a user can set, with its type, default, help and bounds.
 
 This is the one place a default lives: the measure presets in conf/measure/ state only how they
-differ from it. Registered in Hydra's ConfigStore so composition rejects unknown keys and wrong
-types; each numeric key carries its `Bound` beside its help, and `validate.py` checks every bound
-it finds here (plus the checks a single field cannot express: allowed names, one key against
-another).
+differ from it, and the report, the validator and the command line read their defaults and choice
+lists (`RANK_BY`, `DEVICES`, `DEFAULT_EXPERIMENT`) from here. Registered in Hydra's ConfigStore so
+composition rejects unknown keys and wrong types; each numeric key carries its `Bound` beside its
+help, and `validate.py` checks every bound it finds here (plus the checks a single field cannot
+express: allowed names, one key against another).
 """
 
 from dataclasses import dataclass, field
@@ -12,7 +13,12 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.names import Metric
+
+RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)  # what `report.rank_by` (and `--rank-by`) accept
+DEVICES = ("auto", "cuda", "cpu")  # what `device` accepts
+DEFAULT_EXPERIMENT = "kvsweep"  # `mlflow.experiment`, and the `report` and `compare` commands' `--experiment`
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,11 @@ POSITIVE = Bound(0, low_open=True)
 SHARE = Bound(0, 1)
 
 
+def one_of(choices: tuple[str, ...]) -> str:
+    """`a, b or c`: a choice list as help text says it."""
+    return f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else "".join(choices)
+
+
 def _help(default: Any, text: str, bound: Bound | None = None) -> Any:
     metadata = {"help": text} if bound is None else {"help": text, "bound": bound}
     if callable(default):
@@ -57,7 +68,7 @@ class GridConfig:
         "weight quantization applied when a model is loaded: none, quanto-int8, quanto-int4 (CPU and CUDA), "
         "bnb-nf4, bnb-int8 (CUDA), torchao-int4 (CUDA)",
     )
-    dtypes: list[str] = _help(lambda: ["float32"], "float32, float16, bfloat16")
+    dtypes: list[str] = _help(lambda: ["float32"], ", ".join(DTYPE_BYTES))
     context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens", AT_LEAST_1)
     batch_sizes: list[int] = _help(lambda: [1], "batch sizes", AT_LEAST_1)
     max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)", AT_LEAST_1)
@@ -158,7 +169,7 @@ class RayConfig:
 @dataclass
 class MlflowConfig:
     tracking_uri: str = _help("", "empty: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db")
-    experiment: str = _help("kvsweep", "MLflow experiment for the sweep's runs")
+    experiment: str = _help(DEFAULT_EXPERIMENT, "MLflow experiment for the sweep's runs")
 
 
 @dataclass
@@ -179,7 +190,7 @@ class PlannerConfig:
 
 @dataclass
 class ReportConfig:
-    rank_by: str = _help(Metric.TPOT_MS, "what 'fastest' means in the selection table: tpot_ms, ttft_ms or e2e_ms")
+    rank_by: str = _help(Metric.TPOT_MS, f"what 'fastest' means in the selection table: {one_of(RANK_BY)}")
     max_slowdown: float = _help(
         0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)", AT_LEAST_0
     )
@@ -240,7 +251,7 @@ class KvSweepConfig:
     grid: GridConfig = field(default_factory=GridConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    device: str = _help("auto", "auto, cuda or cpu")
+    device: str = _help("auto", one_of(DEVICES))
     trust_remote_code: bool = _help(False, "allow Hub models' own code (off unless you turn it on)")
     dry_run: bool = _help(False, "print the grid and plan, start nothing")
     rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")

@@ -1,7 +1,8 @@
 """Value checks the schema's types cannot express; each failure is one line naming the key.
 
-Every numeric key's range is its `Bound` in the schema, read from there; what is left here are
-allowed names and the checks that compare one key with another.
+Every numeric key's range is its `Bound` in the schema, read from there; so are the choice lists
+(`RANK_BY`, `DEVICES`). What is left here: names checked against those lists and the registries, and
+the checks that compare one key with another.
 """
 
 import dataclasses
@@ -9,15 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.caches import get_strategy
-from kvsweep.config.schema import Bound, KvSweepConfig
+from kvsweep.config.schema import DEVICES, RANK_BY, Bound, KvSweepConfig
 from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
-from kvsweep.names import Metric
-
-DEVICES = ("auto", "cuda", "cpu")
-RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)
 
 
 def validate(cfg: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kvsweep.caches import BASELINE, cache_rank
 from kvsweep.capacity.frontier import BATCH, Frontier, SearchSettings, frontiers
 from kvsweep.capacity.probe_verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
+from kvsweep.config.schema import RayConfig, ReportConfig
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import ResultTag
@@ -30,11 +31,12 @@ LIMIT_MARKS = {MEMORY: "mem", SLO_TPOT: "slo tpot", SLO_TTFT: "slo ttft", MAX_BA
 
 @dataclass(frozen=True)
 class CapacityContext:
-    """What the report needs to rebuild capacity: the search's settings and what a GPU-hour costs."""
+    """What the report needs to rebuild capacity: the search's settings and what a GPU-hour costs.
+    Each default is the schema's for the key it stands for."""
 
     search: SearchSettings
-    gpu_hour_cost: float = 0.0  # price of one GPU-hour (report.gpu_hour_cost); 0: no cost figures
-    gpus_per_cell: int = 1  # GPUs a probe held (ray.gpus_per_cell): they are all paid for
+    gpu_hour_cost: float = ReportConfig().gpu_hour_cost  # price of one GPU-hour (report.gpu_hour_cost); 0: no cost
+    gpus_per_cell: int = RayConfig().gpus_per_cell  # GPUs a probe held (ray.gpus_per_cell): they are all paid for
 
     def cost_per_1m_tokens(self, goodput_tokens_per_s: float | None) -> float | None:
         """A million output tokens at this goodput: the cell's GPUs for as many seconds as they take."""

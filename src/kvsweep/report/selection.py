@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsweep.caches import BASELINE, cache_rank
+from kvsweep.config.schema import RANK_BY, ReportConfig
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.measure.statistics import CiBounds, metric_interval, overlaps, ratio_error
 from kvsweep.model_names import display_names
@@ -32,16 +33,19 @@ from kvsweep.results import OK, CellResult
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
 GroupKey = tuple[str, str, int, int, int, str]  # model, dtype, batch size, context length, new tokens, weights
 MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
-TIMING_LABELS = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: "E2E"}  # the `rank_by` choices
+TIMING_LABELS = {metric: metric.removesuffix("_ms").upper() for metric in RANK_BY}  # TPOT, TTFT, E2E
+_DEFAULTS = ReportConfig()  # the schema's `report` section: every default below is read from it
 
 
 @dataclass(frozen=True)
 class Settings:
-    rank_by: str = Metric.TPOT_MS
-    max_slowdown: float = 0.10
-    min_token_agreement: float = 0.9  # below it: flagged, never deciding alone
-    max_accuracy_drop: float = 0.05  # task accuracy below dynamic's by more than this, intervals apart: refused
-    max_kl: float = 0.5  # mean teacher-forced KL from dynamic (nats) above this: refused where no task judges
+    """The selection's settings: the schema's `report` keys that decide picks (`gpu_hour_cost` is capacity's)."""
+
+    rank_by: str = _DEFAULTS.rank_by  # one of `RANK_BY`
+    max_slowdown: float = _DEFAULTS.max_slowdown
+    min_token_agreement: float = _DEFAULTS.min_token_agreement  # below it: flagged, never deciding alone
+    max_accuracy_drop: float = _DEFAULTS.max_accuracy_drop  # accuracy below dynamic's by more, intervals apart: refused
+    max_kl: float = _DEFAULTS.max_kl  # mean teacher-forced KL from dynamic (nats) above it: refused if no task judges
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> "Settings":
