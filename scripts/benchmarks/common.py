@@ -1,4 +1,9 @@
-"""Shared pieces for the benchmarks: the section type, machine facts, ratio formatting."""
+"""Shared pieces for the benchmarks: the section type, machine facts, ratio formatting, the hand-timed loop.
+
+Standard library only at import: bench.py imports this to list and run the benchmarks, and the peer
+benchmark's worker imports it inside optimum-benchmark's virtualenv (no kvsweep there); torch and
+Transformers are imported inside the functions that need them.
+"""
 
 import contextlib
 import os
@@ -6,11 +11,15 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / ".bench"  # scratch space (virtualenvs, saved models, MLflow stores); git-ignored
+# Added to the environment of the kvsweep runs a benchmark starts: a local Ray without auth or usage stats.
+QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass
@@ -80,3 +89,47 @@ def device() -> str:
 
 def python() -> str:
     return sys.executable
+
+
+def plain_generate_kwargs(new_tokens: int) -> dict[str, Any]:
+    """Exactly `new_tokens` greedy tokens; no compile (generate would compile a static cache on CUDA by itself)."""
+    return dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
+        disable_compile=True,
+    )  # fmt: skip
+
+
+def timed_generate(
+    model: Any, inputs: Any, cuda: bool, new_tokens: int, label: str = "bare loop", **kwargs: Any
+) -> tuple[float, float, Any]:
+    """The hand-timed loop's one call, the benchmarks' reference independent of kvsweep's runner.
+
+    Plain `generate` (plain_generate_kwargs plus `kwargs`) with its own hook: a logits processor
+    stamping `perf_counter_ns` at each new token (after a CUDA sync on GPU). Returns (ttft_ms, tpot_ms,
+    generate's output): TTFT from the call's start to the first stamp, TPOT the mean gap between stamps.
+    Torch and Transformers only (either major), so any virtualenv's python can run it.
+    """
+    import torch
+    from transformers import LogitsProcessor
+
+    class Stamps(LogitsProcessor):
+        def __init__(self) -> None:
+            self.ns: list[int] = []
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            if cuda:
+                torch.cuda.synchronize()
+            self.ns.append(time.perf_counter_ns())
+            return scores
+
+    stamps = Stamps()
+    mask = torch.ones_like(inputs)
+    options = {**plain_generate_kwargs(new_tokens), **kwargs}
+    with torch.inference_mode():
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        out = model.generate(inputs, attention_mask=mask, logits_processor=[stamps], **options)
+    if len(stamps.ns) != new_tokens:
+        raise RuntimeError(f"{label}: {len(stamps.ns)} tokens, asked for {new_tokens}")
+    return (stamps.ns[0] - start) / 1e6, (stamps.ns[-1] - stamps.ns[0]) / 1e6 / (new_tokens - 1), out

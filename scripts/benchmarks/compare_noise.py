@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import WORK, Section, fmt, markdown_table
+from benchmarks.common import QUIET, WORK, Section, fmt, markdown_table
 
 TITLE = "Compare: identical quickstart sweeps, side by side"
-QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 CALLED = ("slower", "faster", "larger", "smaller", "worse", "better")
 
 

@@ -1,9 +1,10 @@
 """Does kvsweep report the times a bare `generate` loop would see, and what does its hook cost?
 
 The same cell is measured by kvsweep's runner (`run_cell`, in this process) and by a bare loop
-written here from scratch (plain `generate`, its own per-token hook, its own median), interleaved
-A/B so drift on a shared machine hits both sides alike. Then whole `generate` calls are timed with
-and without kvsweep's `TokenClock` attached, to show the hook itself costs nothing measurable.
+written from scratch (common.timed_generate: plain `generate`, its own per-token hook; its own
+median here), interleaved A/B so drift on a shared machine hits both sides alike. Then whole
+`generate` calls are timed with and without kvsweep's `TokenClock` attached, to show the hook
+itself costs nothing measurable.
 
     python scripts/benchmarks/fidelity.py [--quick]
 """
@@ -16,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Section, device, fmt, markdown_table, median, ratio
+from benchmarks.common import Section, device, fmt, markdown_table, median, plain_generate_kwargs, ratio, timed_generate
 from kvsweep.cell.call_inputs import random_ids
 from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
@@ -34,45 +35,21 @@ CACHES = ["dynamic", "static"]
 THREADS = 0  # torch threads on both sides (0: all cores, kvsweep's default); `--threads` overrides
 
 
-class Stamps(LogitsProcessor):
-    """The bare loop's own hook: one perf_counter_ns per new token (after a CUDA sync on GPU)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.ns: list[int] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.ns.append(time.perf_counter_ns())
-        return scores
-
-
 def protocol(warmup: int, repeats: int, dev: str, threads: int) -> dict[str, Any]:
     """The protocol for `run_cell`: exactly `repeats` runs, like the bare side (no time floor, guard or target)."""
     return MeasureProtocol.exact(warmup, repeats, SEED, dev, threads).to_dict()
 
 
 def generate_kwargs(cache: str) -> dict[str, Any]:
-    # disable_compile: plain generate would compile a static cache on CUDA by itself; the cell says compile=false.
-    return dict(
-        max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None,
-        cache_implementation=cache, disable_compile=True,
-    )  # fmt: skip
+    return {**plain_generate_kwargs(NEW), "cache_implementation": cache}  # the cell says compile=false
 
 
 def bare_call(model: Any, inputs: torch.Tensor, cache: str, cuda: bool) -> tuple[float, float]:
-    """One plain generate call: (ttft_ms, tpot_ms) from the bare loop's own stamps."""
-    hook = Stamps(cuda)
-    mask = torch.ones_like(inputs)
-    with torch.inference_mode():
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        out = model.generate(inputs, attention_mask=mask, logits_processor=[hook], **generate_kwargs(cache))
-    if out.shape[1] - inputs.shape[1] != NEW or len(hook.ns) != NEW:
+    """One plain generate call: (ttft_ms, tpot_ms) from the hand-timed loop's own stamps."""
+    ttft, tpot, out = timed_generate(model, inputs, cuda, NEW, cache_implementation=cache)
+    if out.shape[1] - inputs.shape[1] != NEW:
         raise RuntimeError(f"bare loop generated {out.shape[1] - inputs.shape[1]} tokens, asked for {NEW}")
-    return (hook.ns[0] - t0) / 1e6, (hook.ns[-1] - hook.ns[0]) / 1e6 / (NEW - 1)
+    return ttft, tpot
 
 
 def bare_block(model: Any, inputs: torch.Tensor, cache: str, cuda: bool, warmup: int, repeats: int) -> dict:

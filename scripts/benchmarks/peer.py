@@ -14,8 +14,9 @@ Every tool's cache class is asserted; a cell whose per-run samples spread more t
 
     python scripts/benchmarks/peer.py [--quick]
 
-This file is also the worker the two virtualenvs run (`peer.py bare ...`, `peer.py peer-cell ...`);
-those entry points import torch and Transformers of the virtualenv that runs them.
+This file is the orchestrator (it runs the tools, checks what they built and writes the section);
+what the two virtualenvs run, the bare loop and optimum-benchmark's inline cell, is peer_worker.py,
+which also holds the cell settings (model, shapes, seed, threads, how each cache is asked for).
 """
 
 import argparse
@@ -25,7 +26,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,26 +33,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, WORK, Section, device, fmt, markdown_table, median, python, ratio
+from benchmarks import peer_worker
+from benchmarks.common import QUIET, ROOT, WORK, Section, device, fmt, markdown_table, median, python, ratio
+from benchmarks.peer_worker import BATCH, CONTEXT, MODEL, NEW_TOKENS, REQUESTS, SEED, THREADS
 
 TITLE = "Against optimum-benchmark: same cells, wall time and timing fidelity"
 
 CACHES = ["dynamic", "static", "quantized-quanto-int4"]
-# How each cache is asked for in both Transformers majors (optimum-benchmark's backend.cache_implementation
-# and generate's cache_config; None = the default, dynamic). kvsweep asks through its own registry.
-REQUESTS: dict[str, tuple[str | None, dict[str, Any] | None]] = {
-    "dynamic": (None, None),
-    "static": ("static", None),
-    "quantized-quanto-int4": ("quantized", {"backend": "quanto", "nbits": 4}),
-}
 # What every tool must have built: the cache class (or a base of it) and every layer's class.
 EXPECTED_BUILT = {
     "dynamic": ("DynamicCache", "DynamicLayer"),
     "static": ("StaticCache", "StaticLayer"),
     "quantized-quanto-int4": ("QuantizedCache", "QuantoQuantizedLayer"),
 }
-CONTEXT, NEW_TOKENS, BATCH, SEED = 256, 32, 1, 0
-THREADS = len(os.sched_getaffinity(0))
 MAX_SPREAD = 2.0  # a cell whose per-run TTFT or TPOT max/min exceeds this is rerun
 MAX_RERUNS = 2
 WALL_TARGET = 0.33  # kvsweep's whole-set wall time against optimum-benchmark's
@@ -70,10 +63,9 @@ PEER_PINS = [
     "optimum-benchmark==0.6.0",
 ]
 VENV = WORK / "optimum-venv"
-MODEL = WORK / "tiny-llama-model"
 RUNS = WORK / "peer-runs"
-WORKER = Path(__file__).resolve()  # this file, run by either virtualenv's python
-QUIET_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "OVERRIDE_BENCHMARKS": "1"}
+WORKER = Path(peer_worker.__file__).resolve()  # run by either virtualenv's python
+QUIET_ENV = {**QUIET, "OVERRIDE_BENCHMARKS": "1"}
 # Ray starts workers at nice 15 unless told otherwise; kvsweep sets this itself for a local Ray
 # (driver/ray_session.py; it has no config key), and it is spelled out here so the run cannot differ.
 KVSWEEP_ENV = {"RAY_worker_niceness": "0"}
@@ -301,7 +293,7 @@ def run_peer(peer: Path, out: Path, caches: list[str], warmup: int, repeats: int
     """One optimum-benchmark command per cell, back to back, timed as a whole.
 
     Process launcher: its own console script, as a user runs it (the cache class is not observed:
-    its child is a spawned process). Inline: this file's `peer-cell` entry point, which hooks the
+    its child is a spawned process). Inline: peer_worker.py's `peer-cell` entry point, which hooks the
     loaded model to record the cache each `generate` built, then runs the same CLI in-process.
     """
     cells: dict[str, CellTimes] = {}
@@ -331,7 +323,7 @@ def run_peer(peer: Path, out: Path, caches: list[str], warmup: int, repeats: int
 
 
 def run_bare(exe: Path, out: Path, caches: list[str], warmup: int, repeats: int) -> Block:
-    """This file's bare `generate` loop, run by the given virtualenv's python (one process for the set)."""
+    """peer_worker.py's bare `generate` loop, run by the given virtualenv's python (one process for the set)."""
     out.mkdir(parents=True, exist_ok=True)
     result = out / "bare.json"
     cmd = [str(exe), str(WORKER), "bare", str(result), ",".join(caches), str(warmup), str(repeats), device()]
@@ -352,126 +344,6 @@ def check_built(tool: str, cache: str, times: CellTimes) -> None:
     nbits_ok = ("nbits=4" in times.built.split()) == cache.endswith("int4")
     if cache_class not in times.built_classes or layers != [layer_class] or not nbits_ok:
         raise RuntimeError(f"{tool} {cache}: expected {cache_class}/{layer_class}, generate built {times.built}")
-
-
-# ---- what the two virtualenvs run (imports of torch and Transformers stay inside)
-
-
-def describe_cache(cache: Any) -> dict[str, Any]:
-    """kvsweep's tag grammar, in either Transformers major: `Class/Layer[+Layer] [max_cache_len=N] [nbits=N]`."""
-    if cache is None:
-        return {"tag": "none", "classes": []}
-    layers = list(getattr(cache, "layers", None) or [])
-    tag = f"{type(cache).__name__}/{'+'.join(sorted({type(layer).__name__ for layer in layers})) or '-'}"
-    lengths = {getattr(layer, "max_cache_len", None) for layer in layers} - {None}
-    bits = {getattr(layer, "nbits", None) for layer in layers} - {None}
-    if lengths:
-        tag += f" max_cache_len={max(lengths)}"
-    if bits:
-        tag += f" nbits={','.join(str(b) for b in sorted(bits))}"
-    return {"tag": tag, "classes": [k.__name__ for k in type(cache).__mro__]}
-
-
-def bare_main(result_file: str, caches: str, warmup: str, repeats: str, dev: str) -> None:
-    """Plain `generate` with a per-token `perf_counter_ns` stamp; one cold call and the warmups per cell."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, LogitsProcessor
-
-    cuda = dev == "cuda"
-
-    class Stamps(LogitsProcessor):
-        def __init__(self) -> None:
-            self.ns: list[int] = []
-
-        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-            if cuda:
-                torch.cuda.synchronize()
-            self.ns.append(time.perf_counter_ns())
-            return scores
-
-    torch.set_num_threads(THREADS)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to(dev).eval()
-    generator = torch.Generator().manual_seed(SEED)
-    inputs = torch.randint(0, model.config.vocab_size, (BATCH, CONTEXT), generator=generator).to(dev)
-    mask = torch.ones_like(inputs)
-
-    def call(cache: str) -> tuple[float, float, dict[str, Any]]:
-        implementation, cache_config = REQUESTS[cache]
-        options = {"cache_implementation": implementation} if implementation else {}
-        if cache_config:
-            options["cache_config"] = dict(cache_config)  # generate mutates it in place
-        stamps = Stamps()
-        with torch.inference_mode():
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter_ns()
-            out = model.generate(
-                inputs, attention_mask=mask, logits_processor=[stamps], max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
-                return_dict_in_generate=True, disable_compile=True, **options,
-            )  # fmt: skip
-        if len(stamps.ns) != NEW_TOKENS:
-            raise RuntimeError(f"bare loop {cache}: {len(stamps.ns)} tokens, asked for {NEW_TOKENS}")
-        built = out.cache if hasattr(out, "cache") else out.past_key_values  # 5.x renamed the field
-        ttft = (stamps.ns[0] - start) / 1e6
-        return ttft, (stamps.ns[-1] - stamps.ns[0]) / 1e6 / (NEW_TOKENS - 1), describe_cache(built)
-
-    cells = {}
-    for cache in caches.split(","):
-        for _ in range(1 + int(warmup)):
-            call(cache)
-        runs = [call(cache) for _ in range(int(repeats))]
-        kinds = {json.dumps(r[2], sort_keys=True) for r in runs}
-        if len(kinds) != 1:
-            raise RuntimeError(f"bare loop {cache}: generate built {len(kinds)} kinds of cache: {kinds}")
-        cells[cache] = {"ttft_ms": [r[0] for r in runs], "tpot_ms": [r[1] for r in runs], "built": runs[0][2]}
-    Path(result_file).write_text(json.dumps({"transformers": transformers.__version__, "cells": cells}))
-
-
-def peer_cell_main(built_file: str, *cli_args: str) -> None:
-    """optimum-benchmark's CLI in this process, its model hooked to record the cache of every `generate`.
-
-    The hook is public API (a forward pre-hook reading `past_key_values`; about 1.5 us per forward,
-    under 0.1% of a token here); the description is taken after each `generate` returns, outside
-    its timed prefill and token gaps.
-    """
-    import transformers
-
-    built: list[dict[str, Any]] = []
-    load = transformers.PreTrainedModel.from_pretrained.__func__
-
-    def from_pretrained(cls: type, *args: Any, **kwargs: Any) -> Any:
-        model = load(cls, *args, **kwargs)
-        seen: dict[str, Any] = {}
-        model.register_forward_pre_hook(
-            lambda module, args, kwargs: seen.__setitem__("cache", kwargs.get("past_key_values")), with_kwargs=True
-        )
-        generate = model.generate
-
-        def generate_and_describe(*args: Any, **kwargs: Any) -> Any:
-            out = generate(*args, **kwargs)
-            built.append(describe_cache(seen.pop("cache", None)))
-            return out
-
-        model.generate = generate_and_describe
-        return model
-
-    transformers.PreTrainedModel.from_pretrained = classmethod(from_pretrained)
-    from optimum_benchmark.cli import main as optimum_benchmark_cli
-
-    sys.argv = ["optimum-benchmark", *cli_args]
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # raise the CLI's exception instead of printing it and exiting 1
-    try:
-        optimum_benchmark_cli()
-    except TypeError as exc:
-        # Inline, the run mutates the config the CLI then writes last, as benchmark.json (its scenario
-        # adds its logits processor, generate adds the model config to cache_config), and that write
-        # fails; benchmark_report.json was written just before. Any other failure is raised.
-        if not any('"benchmark.json"' in (frame.line or "") for frame in traceback.extract_tb(exc.__traceback__)):
-            raise
-    finally:
-        Path(built_file).write_text(json.dumps(built))
 
 
 # ---- the rounds
@@ -685,12 +557,6 @@ process per cell. Timings on a shared machine are noisy: read the ratios, not th
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["bare"]:
-        bare_main(*sys.argv[2:])
-        return 0
-    if sys.argv[1:2] == ["peer-cell"]:
-        peer_cell_main(*sys.argv[2:])
-        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one round, fewer repeats: a smoke run")
     print(run(parser.parse_args().quick).markdown)

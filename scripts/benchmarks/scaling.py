@@ -29,12 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Section, fmt, markdown_table
+from benchmarks.common import QUIET, Section, fmt, markdown_table
 
 TITLE = "Scaling: stand-in cells on simulated clusters of 1-16 GPUs; driver cost on 2,000 cells"
 
 GPUS_PER_NODE = 8
-QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def axes_for(cells: int, gpus: int, rounds: int) -> list[str]:

@@ -25,10 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import WORK, Section, fmt, markdown_table
+from benchmarks.common import QUIET, WORK, Section, fmt, markdown_table
 
 TITLE = "Capacity search: probes against a power-of-two batch grid"
-QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 FACTORS = (0.7, 0.9, 1.0, 1.1, 1.3)
 
 
