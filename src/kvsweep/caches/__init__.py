@@ -1,4 +1,5 @@
-"""KV cache strategies: what each one is (`strategy`), the bytes it holds (`accounting`), the registry."""
+"""KV cache strategies: what each one is (`strategy`), the bytes it holds (`accounting`; per layer,
+`layer_tokens`), the registry."""
 
 from kvsweep.caches.registry import (
     BASELINE,

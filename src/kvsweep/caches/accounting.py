@@ -3,14 +3,15 @@ bytes a decode step moves for it, one function per way of reading them.
 
 A strategy names its functions in the registry (`CacheStrategy.stored_bytes`, `decode_step_bytes`); the
 planner, the memory estimate and the cell's decode-bytes figure all call them, and tests compare the
-stored bytes with real caches byte for byte. The dense formula is also the yardstick every measured
-`kv_cache_bytes` is compared with.
+stored bytes with real caches byte for byte. What each kind of layer keeps is `layer_tokens`'s; when a
+static layout is allocated, `CacheStrategy.allocated_steps`. The dense formula is also the yardstick every
+measured `kv_cache_bytes` is compared with.
 """
 
 from collections.abc import Callable
 from dataclasses import replace
 
-from kvsweep.caches.layer_tokens import layer_kv_bytes, state_bytes, token_bytes, windows
+from kvsweep.caches.layer_tokens import layer_kv_bytes, state_bytes, windowed_kv_bytes
 from kvsweep.caches.strategy import CacheStrategy, KvDims
 from kvsweep.dtypes import DTYPE_BYTES
 
@@ -21,30 +22,24 @@ PackedCodes = Callable[[int, int], int]
 def dense_kv_bytes(shape: KvDims, tokens: int, batch: int, dtype: str) -> int:
     """2 (K and V) x kv_heads x head_dim x the tokens each layer keeps of `tokens` x batch x bytes per element,
     summed over the layers: a full-attention layer keeps all of them, a sliding-window or chunked one at most its
-    window, a state or shared layer none (`layer_tokens`). A model of full-attention layers only: 2 x layers x ..."""
-    one = token_bytes(shape, batch, dtype)
-    return sum(one * (tokens if w is None else min(tokens, w)) for w in windows(shape))
+    window, a state or shared layer none (`layer_tokens.window_tokens`). A model of full-attention layers only:
+    2 x layers x ..."""
+    return sum(windowed_kv_bytes(shape, tokens, batch, dtype))
 
 
-def dense_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """Every token each layer keeps, in the model's dtype, and any state layers' states (offloaded: host plus
-    device; a sliding layer as `layer_tokens.kept_tokens` says)."""
-    return sum(layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)) + state_bytes(shape, batch, dtype)
-
-
-def reserved_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
-    """A static layout: its reserved length, or the request's when nothing is reserved (a sliding layer: at most
-    its window), and any state layers' states."""
+def kept_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
+    """Every token each layer keeps (`layer_tokens.kept_tokens`), in the model's dtype, and any state layers'
+    states: a dynamic layout's tokens so far, a static one's full length (`CacheStrategy.static_length`), a
+    sliding layer at most its window; offloaded: host plus device."""
     return sum(layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)) + state_bytes(shape, batch, dtype)
 
 
 def allocated_bytes(
     strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, decoded: int
 ) -> int:
-    """Bytes the cache's tensors span after `decoded` decode steps of a call that makes `new` tokens: a
-    preallocating (static) layout is allocated for the whole call before the prefill, so it spans its
-    full length from the start."""
-    return strategy.held_bytes(shape, batch, dtype, prompt, new - 1 if strategy.preallocates else decoded)
+    """Bytes the cache's tensors span after `decoded` decode steps of a call that makes `new` tokens (a static
+    layout: its full length from the start, `CacheStrategy.allocated_steps`)."""
+    return strategy.held_bytes(shape, batch, dtype, prompt, strategy.allocated_steps(new, decoded))
 
 
 def attended_bytes(

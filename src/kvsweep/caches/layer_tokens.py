@@ -1,18 +1,22 @@
 """What each layer of a cache keeps, as Transformers' cache layers keep it: the per-layer half of the accounting.
+Each rule about a kind of layer is written here once; the planner and the byte accounting call these.
 
-A full-attention layer keeps every token. A sliding-window or chunked layer (`DynamicSlidingWindowLayer`,
-`StaticSlidingWindowLayer`) keeps its window:
+A layer's kind is its window (`windows`): None, full attention; a number, a sliding window or chunk; 0, no keys
+or values. Of the tokens cached, a full-attention layer keeps every one, a sliding-window or chunked layer at
+most its window (`window_tokens`). How a cache layer gets there (`kept_tokens`; `DynamicSlidingWindowLayer`,
+`StaticSlidingWindowLayer`):
 
 - dynamic: `update` concatenates the kept tokens with the new ones and keeps a view of the last
   `window - 1`; the view holds the whole concatenation's storage, so after the prefill the layer holds
   the prompt, and after a decode step `min(tokens, window)`;
-- static: the layer allocates `min(window, reserved length)` tokens once;
+- static: the layer allocates `min(window, CacheStrategy.static_length)` tokens once, before the prefill
+  (`CacheStrategy.allocated_steps`);
 - offloaded (dynamic): the copy to the host takes only the view, `min(tokens, window - 1)`, and the copy
   back to the device is of that copy.
 
-A state layer (linear attention, a short convolution) keeps a fixed state and no keys or values; a layer
-that shares another's cache, or has no attention, keeps nothing. Which layers an offloaded cache moves
-follows Transformers' defaults: a `DynamicCache` offloads every attention layer
+A state layer (linear attention, a short convolution) keeps a fixed state (`layer_states`) and no keys or
+values; a layer that shares another's cache, or has no attention, keeps nothing. Which layers an offloaded
+cache moves (`offloads`) follows Transformers' defaults: a `DynamicCache` offloads every attention layer
 (`offload_only_non_sliding=False`), a `StaticCache` keeps its sliding layers on the device (`True`);
 state layers never move.
 """
@@ -22,18 +26,40 @@ from kvsweep.dtypes import DTYPE_BYTES
 
 
 def windows(shape: KvDims) -> tuple[int | None, ...]:
-    """Each layer's window (None: full attention; 0: no keys or values)."""
+    """Each layer's window, its kind (None: full attention; a number: sliding or chunked; 0: no keys or values)."""
     return shape.layer_windows or (None,) * shape.layers
+
+
+def layer_states(shape: KvDims) -> tuple[int, ...]:
+    """Each layer's fixed state, in elements per batch row (0: none; only a state layer has one)."""
+    return shape.state_elements or (0,) * shape.layers
+
+
+def window_tokens(window: int | None, tokens: int) -> int:
+    """Of `tokens` cached tokens, those a layer of this kind keeps: all (full attention), at most its window
+    (sliding or chunked), none (0)."""
+    return tokens if window is None else min(tokens, window)
 
 
 def state_bytes(shape: KvDims, batch: int, dtype: str) -> int:
     """Every state layer's fixed state (kept from the prefill on, whatever the length)."""
-    return sum(shape.state_elements) * batch * DTYPE_BYTES[dtype]
+    return sum(layer_state_bytes(shape, batch, dtype))
+
+
+def layer_state_bytes(shape: KvDims, batch: int, dtype: str) -> list[int]:
+    """Each layer's fixed state in bytes, in order (0 but for a state layer)."""
+    return [elements * batch * DTYPE_BYTES[dtype] for elements in layer_states(shape)]
 
 
 def token_bytes(shape: KvDims, batch: int, dtype: str) -> int:
     """One token of one layer: K and V."""
     return 2 * shape.kv_heads * shape.head_dim * batch * DTYPE_BYTES[dtype]
+
+
+def windowed_kv_bytes(shape: KvDims, tokens: int, batch: int, dtype: str) -> list[int]:
+    """Each layer's K and V with `tokens` tokens cached, as many as its kind keeps (`window_tokens`), in order."""
+    one = token_bytes(shape, batch, dtype)
+    return [one * window_tokens(w, tokens) for w in windows(shape)]
 
 
 def kept_tokens(strategy: CacheStrategy, window: int | None, prompt: int, decoded: int, attended: bool = False) -> int:
@@ -45,8 +71,7 @@ def kept_tokens(strategy: CacheStrategy, window: int | None, prompt: int, decode
     if window == 0:
         return 0
     if strategy.preallocates:
-        length = max(prompt + decoded, strategy.reserve_tokens or 0)
-        return length if window is None else min(window, length)
+        return window_tokens(window, strategy.static_length(prompt + decoded))
     tokens = prompt + decoded
     if window is None:
         return tokens
@@ -74,21 +99,15 @@ def offloaded_kv_bytes(
     strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int
 ) -> int:
     """The bytes of the layers the strategy moves over the host link (0 when it does not offload)."""
-    held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
-    return sum(b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w))
+    return sum(_kept_and_moved(strategy, shape, batch, dtype, prompt, decoded)[1])
 
 
 def device_kv_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
     """Of what the cache holds, the bytes on the device at a decode step's peak: all of it, or for an offloaded
     cache the layers it keeps there and the largest `device_layers` of those it moves (the one in use and the one
     prefetched). What the planner fits a GPU with."""
-    held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
-    states = state_bytes(shape, batch, dtype)
-    if strategy.device_layers is None:
-        return sum(held) + states
-    moved = sorted((b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w)), reverse=True)
-    resident = sum(b for b, w in zip(held, windows(shape), strict=True) if not offloads(strategy, w))
-    return resident + states + sum(moved[: strategy.device_layers])
+    kept, moved = _kept_and_moved(strategy, shape, batch, dtype, prompt, decoded)
+    return kept + sum(sorted(moved, reverse=True)[: strategy.device_layers])
 
 
 def returned_device_kv_bytes(
@@ -98,13 +117,19 @@ def returned_device_kv_bytes(
     `kv_cache_device_bytes`): all of it, or for an offloaded cache the layers it keeps there and one it moves.
     The last layer's update prefetches the first moved layer (circling back) and then offloads itself, so
     after the call that first moved layer, in layer order, is the one on the device."""
+    kept, moved = _kept_and_moved(strategy, shape, batch, dtype, prompt, decoded)
+    return kept + (moved[0] if moved else 0)
+
+
+def _kept_and_moved(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int
+) -> tuple[int, list[int]]:
+    """(the bytes the cache keeps on the device: every layer it does not move and every state; each moved layer's
+    bytes, in layer order). A strategy that does not offload moves none (`offloads`)."""
     held = layer_kv_bytes(strategy, shape, batch, dtype, prompt, decoded)
-    states = state_bytes(shape, batch, dtype)
-    if strategy.device_layers is None:
-        return sum(held) + states
-    moved = [b for b, w in zip(held, windows(shape), strict=True) if offloads(strategy, w)]
-    resident = sum(b for b, w in zip(held, windows(shape), strict=True) if not offloads(strategy, w))
-    return resident + states + (moved[0] if moved else 0)
+    moves = [offloads(strategy, w) for w in windows(shape)]
+    kept = sum(b for b, is_moved in zip(held, moves, strict=True) if not is_moved) + state_bytes(shape, batch, dtype)
+    return kept, [b for b, is_moved in zip(held, moves, strict=True) if is_moved]
 
 
 def quantizable(shape: KvDims) -> bool:

@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from kvsweep.caches.accounting import (
-    dense_bytes,
     hqq_bytes,
     hqq_problem,
+    kept_bytes,
     no_bytes,
     quantized_step_bytes,
     quanto_bytes,
     quanto_problem,
-    reserved_bytes,
 )
 from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA
 from kvsweep.caches.strategy import RESERVE_SEPARATOR, CacheStrategy, Requirements
@@ -53,7 +52,7 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         name="dynamic",
         family="dense",
         implementation="dynamic",
-        stored_bytes=dense_bytes,
+        stored_bytes=kept_bytes,
         cache_class="DynamicCache",
         layer_class="DynamicLayer",
     ),
@@ -61,7 +60,7 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         name="static",
         family="static",
         implementation="static",
-        stored_bytes=reserved_bytes,
+        stored_bytes=kept_bytes,
         cache_class="StaticCache",
         layer_class="StaticLayer",
         preallocates=True,
@@ -70,7 +69,7 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         name="offloaded",
         family="offloaded",
         implementation="offloaded",
-        stored_bytes=dense_bytes,
+        stored_bytes=kept_bytes,
         cache_class="DynamicCache",
         layer_class="DynamicLayer",
         requires=_CUDA,
@@ -80,7 +79,7 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         name="offloaded_static",
         family="offloaded",
         implementation="offloaded_static",
-        stored_bytes=reserved_bytes,
+        stored_bytes=kept_bytes,
         cache_class="StaticCache",
         layer_class="StaticLayer",
         requires=_CUDA,

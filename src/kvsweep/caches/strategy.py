@@ -106,7 +106,7 @@ class CacheStrategy:
     # Why a request's tensors cannot be quantized with these settings (caches/accounting.py), before
     # anything runs; None: any request fits.
     shape_problem: ShapeProblem | None = None
-    preallocates: bool = False  # static layout: the cache is allocated at its full length up front
+    preallocates: bool = False  # a static layout: allocated whole before the prefill (`allocated_steps`)
     reserve_tokens: int | None = None  # static@N: tokens reserved whatever the request needs
     device_layers: int | None = None  # layers kept on the device at a time (offloading); None: all
 
@@ -141,6 +141,17 @@ class CacheStrategy:
     def held_bytes(self, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
         """Bytes the cache holds after the prompt and `decoded` decode steps (offloaded: host plus device)."""
         return self.stored_bytes(self, shape, batch, dtype, prompt, decoded)
+
+    def allocated_steps(self, new: int, decoded: int) -> int:
+        """The decode steps the cache's tensors span after `decoded` of a call that makes `new` tokens: a static
+        layout (`preallocates`) is allocated for the whole call before the prefill, so it spans all `new - 1` from
+        the start; any other layout, the steps decoded so far."""
+        return new - 1 if self.preallocates else decoded
+
+    def static_length(self, tokens: int) -> int:
+        """The length a static layout allocates for `tokens` cached tokens: its reserved length (`static@N`), or
+        the request's when that is longer or nothing is reserved."""
+        return max(tokens, self.reserve_tokens or 0)
 
     def generation_options(self) -> dict[str, Any]:
         """Fresh `GenerationConfig` fields for one call (generate mutates `cache_config` in place)."""

@@ -61,9 +61,8 @@ def offloaded_allocation(
     strategy: CacheStrategy, shape: KvShape, batch: int, dtype: str, prompt: int, new: int, decoded: int
 ) -> int:
     """The offloaded layers' bytes after `decoded` decode steps of a call making `new` tokens (a static layout
-    at its full length from the start, as `accounting.allocated_bytes`)."""
-    held_at = new - 1 if strategy.preallocates else decoded
-    return offloaded_kv_bytes(strategy, shape, batch, dtype, prompt, held_at)
+    at its full length from the start, `CacheStrategy.allocated_steps`)."""
+    return offloaded_kv_bytes(strategy, shape, batch, dtype, prompt, strategy.allocated_steps(new, decoded))
 
 
 def _mean_over_decode(per_step: Callable[[int], float], new: int) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.caches.layer_tokens import offloads, token_bytes, windows
+from kvsweep.caches.layer_tokens import layer_state_bytes, layer_states, offloads, windowed_kv_bytes, windows
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
@@ -93,15 +93,14 @@ def layer_costs(cell: Cell, strategy: CacheStrategy, shape: KvShape, layout: Wei
     bytes_per, scheme = DTYPE_BYTES[cell.dtype], weight_scheme(cell.weights)
     activations, logits = working_set(cell, strategy, shape)
     decoded = cell.max_new_tokens - 1
-    one = token_bytes(shape, cell.batch_size, cell.dtype)
-    kv, moved, transient = [], [], []
+    states = layer_state_bytes(shape, cell.batch_size, cell.dtype)
+    kv, moved = [], []
     for index, window in enumerate(windows(shape)):
         held = strategy.held_bytes(layer_shape(shape, index), cell.batch_size, cell.dtype, cell.context_length, decoded)
-        state = shape.state_elements[index] * cell.batch_size * bytes_per if shape.state_elements else 0
         is_moved = offloads(strategy, window)
-        kv.append(state if is_moved else held)
-        moved.append(held - state if is_moved else 0)
-        transient.append(2 * one * (cell.cached_tokens if window is None else min(cell.cached_tokens, window)))
+        kv.append(states[index] if is_moved else held)
+        moved.append(held - states[index] if is_moved else 0)
+    transient = [2 * b for b in windowed_kv_bytes(shape, cell.cached_tokens, cell.batch_size, cell.dtype)]
     return LayerCosts(
         first=block_bytes(layout.first, scheme, bytes_per),
         last=block_bytes(layout.last, scheme, bytes_per, quantized=False),  # the head stays in the dtype
@@ -119,8 +118,7 @@ def layer_costs(cell: Cell, strategy: CacheStrategy, shape: KvShape, layout: Wei
 
 def layer_shape(shape: KvShape, index: int) -> KvShape:
     """Layer `index` alone, as a one-layer model: what the strategies' byte accounting takes."""
-    window = windows(shape)[index]
-    state = shape.state_elements[index] if shape.state_elements else 0
+    window, state = windows(shape)[index], layer_states(shape)[index]
     full = window is None and not state
     return replace(
         shape,
@@ -144,8 +142,7 @@ def even_layout(shape: KvShape, parameters: int) -> WeightLayout:
 
 def largest_layer_kv_bytes(shape: KvShape, tokens: int, batch: int, dtype: str) -> int:
     """The largest one layer's K and V at `tokens` cached tokens (a full-attention layer, if the model has one)."""
-    one = token_bytes(shape, batch, dtype)
-    return max((one * (tokens if w is None else min(tokens, w)) for w in windows(shape)), default=0)
+    return max(windowed_kv_bytes(shape, tokens, batch, dtype), default=0)
 
 
 def fits(estimate: MemoryEstimate, device_bytes: int) -> bool:

@@ -7,7 +7,7 @@ between its uses: before layer i's update the next layer is prefetched to the de
 first layer back, and every decode step moves each layer there and back, whole: at long context the
 cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB per token, seconds
 over PCIe), enough for a cell to run past its timeout and be retried for nothing. A step's bytes are
-`kv_bytes.decode_kv_traffic`'s host-link figure, the one the cell reports as
+`kv_prediction.decode_kv_traffic`'s host-link figure, the one the cell reports as
 `decode_host_link_bytes_per_token`, so prediction and measurement can be set side by side. "Each layer"
 is each offloaded layer: an `offloaded` (dynamic) cache moves every attention layer, a sliding one as the
 copy of its kept view; an `offloaded_static` cache keeps its sliding layers on the device; state layers
@@ -107,10 +107,9 @@ def prefill_bytes(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> float:
 
 def _tokens_after_each_step(cell: Cell, strategy: CacheStrategy, window: int | None) -> Iterator[int]:
     """Tokens a layer with this window sends to the host after the prefill (decoded 0), then after each decode
-    step (a static layout: its full allocation every time)."""
+    step (a static layout: its full allocation every time, `CacheStrategy.allocated_steps`)."""
     for decoded in range(cell.max_new_tokens):
-        held_at = cell.max_new_tokens - 1 if strategy.preallocates else decoded
-        yield kept_tokens(strategy, window, cell.context_length, held_at)
+        yield kept_tokens(strategy, window, cell.context_length, strategy.allocated_steps(cell.max_new_tokens, decoded))
 
 
 def estimate_offload(
