@@ -90,10 +90,10 @@ def child(out_dir: Path, overrides: list[str]) -> None:
 
     timed(ray_session, "connect", "ray_start")
     timed(ray_session, "shutdown", "ray_shutdown")
-    timed(sweep.SweepRun, "plan", "plan")
-    timed(sweep.SweepRun, "open_tracking", "mlflow_open")
-    timed(sweep.SweepRun, "schedule", "cells")
-    timed(sweep.SweepRun, "record", "recorded", key=lambda self, result, ran=True: result.cell_id)
+    timed(sweep, "plan_jobs", "plan")
+    timed(sweep, "open_tracking", "mlflow_open")
+    timed(sweep, "run_jobs", "cells")
+    timed(sweep.Sweep, "record", "recorded", key=lambda self, result, ran=True: result.cell_id)
     timed(template_launch.Templates, "wait", "template_wait")
     timed(sweep, "run_sweep", "run_sweep")
     from kvsweep.cli import main

@@ -19,7 +19,7 @@ node runs is in `hub_node_fetch.py`.
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -32,6 +32,12 @@ from kvsweep.models.gguf_source import hub_gguf
 from kvsweep.models.resolve import classify
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.units import GB
+
+if TYPE_CHECKING:
+    from kvsweep.config.schema import KvSweepConfig
+    from kvsweep.driver.job_sources import JobSource
+    from kvsweep.driver.sweep_tracking import Tracking
+    from kvsweep.inputs.spec import InputSpec
 
 FETCH_TIMEOUT_S = 4 * 3600.0  # a 16 GB checkpoint over a slow link; each cell keeps its own timeout
 PROGRESS_EVERY_S = 30.0
@@ -179,3 +185,49 @@ def plan_after(
     ]
     kept = {m: why for m, why in problems.items() if m not in readable and not (m in fetches and fetches[m].problem)}
     return cells, kept
+
+
+def fetch_for_sweep(
+    cfg: "KvSweepConfig",
+    device: str,
+    spec: "InputSpec",
+    source: "JobSource",
+    tracking: "Tracking",
+    hub_folder: str,
+    say: Callable[[str], None],
+) -> dict[str, str]:
+    """The sweep's prefetch stage: the Hub models its pending cells need, fetched once per node. The cells of
+    one that cannot be are skipped with the reason; one the plan could not read here is planned again from its
+    fetched files. The time is the parent run's `hub_fetch_s`. Returns each fetched model with its cache ("":
+    each node's default), from which the cells load it offline."""
+    from kvsweep.driver.hub_node_fetch import hub_settings, source_for
+    from kvsweep.driver.sweep_tracking import log_parent_metric
+    from kvsweep.names import HUB_FETCH_S
+    from kvsweep.plan.cell_plan import plan_cell
+    from kvsweep.plan.sweep_plan import plan_limits
+
+    pending = source.pending(tracking.done)
+    models = models_to_fetch(pending, source.problems)
+    if not models:
+        return {}
+    settings, started = hub_settings(), time.monotonic()
+    fetches = prefetch(models, settings, say, source_for(hub_folder), cfg.trust_remote_code, device)
+    log_parent_metric(tracking, HUB_FETCH_S, time.monotonic() - started, say)
+    limits = plan_limits(cfg, device, spec)
+
+    def replan(cell: Cell, facts: ModelFacts) -> PlannedCell:  # from the files the nodes fetched
+        return plan_cell(
+            cell,
+            device,
+            facts.shape,
+            parameters=facts.planned_parameters,
+            device_bytes=limits.device_bytes,
+            skip_predicted_oom=cfg.planner.skip_predicted_oom,
+            host=limits.host,
+            gpus=limits.gpus,
+            layout=facts.layout,
+        )
+
+    after, problems = plan_after(pending, source.problems, fetches, replan if source.replans_after_fetch else None)
+    source.replace(pending, after, problems)
+    return {m: settings.cache_dir or "" for m, fetch in fetches.items() if fetch.problem is None}

@@ -13,12 +13,12 @@ from kvsweep.report.report_files import write_tables
 from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
-    from kvsweep.driver.sweep import SweepRun
+    from kvsweep.driver.sweep import Sweep
     from kvsweep.report.report_files import Report
     from kvsweep.report.selection import Decision
 
 
-def finish(sweep: "SweepRun") -> int:
+def finish(sweep: "Sweep") -> int:
     """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
     from kvsweep.tracking.urls import compare_url, runs_url
 
@@ -64,7 +64,7 @@ def task_failures(decisions: "list[Decision]") -> str:
     )
 
 
-def _write_report(sweep: "SweepRun") -> "Report | None":
+def _write_report(sweep: "Sweep") -> "Report | None":
     """The report folder in the run folder (the sink logs it on the parent); None when it could not be written."""
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
     from kvsweep.driver.capacity_search import search_settings
