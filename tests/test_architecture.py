@@ -87,3 +87,16 @@ def test_no_two_modules_share_a_name():
         if path.name != "__init__.py":
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT / "src")))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+MAX_MODULE_LINES = 300
+
+
+def test_no_module_is_over_300_lines():
+    """A module past 300 lines holds more than one idea: split it where the ideas part."""
+    long = {
+        str(path.relative_to(ROOT / "src")): n
+        for path in sorted((ROOT / "src").rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
