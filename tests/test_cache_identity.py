@@ -86,7 +86,7 @@ def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
 @pytest.mark.slow
 def test_compiling_while_measured_fails_the_cell_and_keeps_its_numbers():
     """A fault drops the compiled graphs once per call, so each measured call compiles again."""
-    protocol = {**PROTO, "repeats": 2}
+    protocol = MeasureProtocol.from_dict(PROTO).with_measure(repeats=2).to_dict()
     result = run_cell(cell("static", compile=True), protocol, faults=[{"fault": "recompile"}])
     assert result["status"] == "error"
     assert "during the measured calls" in result["error"], result["error"]

@@ -98,11 +98,11 @@ CELL = {
     "cache": "dynamic",
     "compile": False,
 }
-GUARDED = {
-    **MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=0).to_dict(),
-    "max_host_contention": 0.10,
-    "max_discarded": 3,
-}
+GUARDED = (
+    MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=0)
+    .with_measure(max_host_contention=0.10, max_discarded=3)
+    .to_dict()
+)
 
 
 @pytest.mark.slow

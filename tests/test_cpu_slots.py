@@ -197,7 +197,7 @@ LATE_S = 0.1  # a window that opened later than this was not the others' window
 
 def protocol(device: str) -> dict:
     limit = SLOT_LIMIT if device == "cuda" else LIMIT
-    return {**MeasureProtocol.exact(0, 1, 0, device, threads=1).to_dict(), "max_host_contention": limit}
+    return MeasureProtocol.exact(0, 1, 0, device, threads=1).with_measure(max_host_contention=limit).to_dict()
 
 
 def run_together(device: str, cells: int = 2) -> list[dict]:

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from fake_nvml import FakeGpu, FakeNvml
+from kvsweep.config.measure_config import MeasureConfig
+from kvsweep.grid import RULES_OFF
 from kvsweep.measure.energy import (
     NO_COUNTER,
     NVML_DID_NOT_START,
@@ -18,7 +20,7 @@ from kvsweep.measure.energy import (
     phase_energy,
     phase_tokens,
 )
-from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.sampling import measure_phase
 from kvsweep.measure.timing import TokenTimes
 from test_sampling import BUSY, QUIET, ScriptedMeter  # what others took of the CPUs, scripted per call
 
@@ -57,8 +59,8 @@ class Gpu:
 
 def guarded(repeats, max_discarded):
     """Exactly `repeats` kept calls; a call during which others took over 10% of the CPUs is re-run."""
-    return SamplingRules(
-        repeats, 0.0, 0, max_contention=0.1, max_discarded=max_discarded, target_rel_ci=0.0, max_duration_s=0.0
+    return MeasureConfig(
+        **{**RULES_OFF, "repeats": repeats, "max_host_contention": 0.1, "max_discarded": max_discarded}
     )
 
 

@@ -15,8 +15,7 @@ import yaml
 from kvsweep.cli import main
 from kvsweep.config.compose import compose_config
 from kvsweep.config.schema import MeasureConfig
-from kvsweep.grid import RULES_OFF, Cell, MeasureProtocol, cell_id, expand_grid
-from kvsweep.measure.sampling import SamplingRules
+from kvsweep.grid import RULES_OFF, MeasureProtocol, cell_id, expand_grid
 from kvsweep.plan.sweep_plan import inputs_spec, protocol_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,32 +73,29 @@ def test_the_bundled_sweeps_measure_as_they_did_before_presets():
 
 # Cell ids of each bundled sweep's first cell, recorded from the code before measure presets moved into the
 # sweeps' defaults lists (and before the protocol lost its defaults): resuming an older sweep finds its cells.
-IDS_BEFORE = {
-    "gpu_smoke": "cc416faaa846b04c",
-    "long_context": "ffa16afccab2a73e",
-    "quickstart": "185c2079f8c2390d",
-    "static_reserve": "e3037f9530ced7ed",
-}
+def test_a_cell_id_is_the_hash_of_the_version_the_cell_and_the_whole_protocol():
+    """Worked out by hand from the documented recipe: sha256 of the protocol version, every field of the cell
+    and every field of the protocol (the inputs by what changes the prompts), first 16 hex digits."""
+    cfg = compose_config(["+sweep=quickstart"]).config
+    cell = expand_grid(dataclasses.asdict(cfg.grid))[0]
+    spec = inputs_spec(cfg)
+    protocol = {"measure": dataclasses.asdict(cfg.measure), "device": "cpu", "gpus": 1, "inputs": spec.identity()}
+    payload = json.dumps({"version": 3, "cell": dataclasses.asdict(cell), "protocol": protocol}, sort_keys=True)
+    assert cell_id(cell, protocol_of(cfg.measure, "cpu", spec)) == hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-@pytest.mark.parametrize("sweep", sorted(IDS_BEFORE))
-def test_cell_ids_of_the_bundled_sweeps_are_unchanged(sweep):
-    cfg = compose_config([f"+sweep={sweep}"]).config
-    first = expand_grid(dataclasses.asdict(cfg.grid))[0]
-    assert cell_id(first, protocol_of(cfg.measure, "cpu", inputs_spec(cfg))) == IDS_BEFORE[sweep]
-
-
-def test_an_exact_protocols_cell_id_is_the_one_from_before_its_rules_existed():
-    """The first cell ids hashed the cell and a five-field protocol; the rules added since are left out at
-    their `RULES_OFF` values, so an exact protocol's id is still that hash, worked out here by hand."""
-    cell = Cell("tiny-llama", "float32", 256, 1, 32, "dynamic", False)
-    five = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
-    # a cell fed random ids, its weights not quantized: the seven fields cells had then
-    seven = {k: v for k, v in dataclasses.asdict(cell).items() if k not in ("inputs", "weights")}
-    payload = json.dumps({"cell": seven, "protocol": five}, sort_keys=True)
-    assert cell_id(cell, MeasureProtocol.exact(**five)) == hashlib.sha256(payload.encode()).hexdigest()[:16]
-    guarded = dataclasses.replace(MeasureProtocol.exact(**five), max_host_contention=0.05)
-    assert cell_id(cell, guarded) != cell_id(cell, MeasureProtocol.exact(**five))
+def test_every_measure_key_is_part_of_a_cells_id():
+    """A measure key added to the schema reaches the cell ids with no rule of its own."""
+    cfg = compose_config(["+sweep=quickstart"]).config
+    cell = expand_grid(dataclasses.asdict(cfg.grid))[0]
+    spec = inputs_spec(cfg)
+    base = cell_id(cell, protocol_of(cfg.measure, "cpu", spec))
+    for key in dataclasses.fields(MeasureConfig):
+        value = getattr(cfg.measure, key.name)
+        changed = dataclasses.replace(cfg.measure, **{key.name: value + 1})
+        assert cell_id(cell, protocol_of(changed, "cpu", spec)) != base, key.name
+    assert cell_id(cell, protocol_of(cfg.measure, "cuda", spec)) != base
+    assert cell_id(cell, protocol_of(cfg.measure, "cpu", spec, gpus=2)) != base
 
 
 def test_cfg_job_prints_the_preset_the_command_line_chose(capsys):
@@ -127,7 +123,6 @@ def test_every_default_has_one_source():
         changed = preset_keys(preset)
         assert set(changed) <= set(SCHEMA), preset
         assert all(changed[k] != SCHEMA[k] for k in changed), f"{preset} restates a schema default"
-    for built in (MeasureProtocol, SamplingRules):
-        given = [f.name for f in dataclasses.fields(built) if f.default is not dataclasses.MISSING]
-        assert given == [], f"{built.__name__} has defaults of its own: {given}"
-    assert set(RULES_OFF) < {f.name for f in dataclasses.fields(MeasureProtocol)}
+    given = [f.name for f in dataclasses.fields(MeasureProtocol) if f.default is not dataclasses.MISSING]
+    assert given == [], f"MeasureProtocol has defaults of its own: {given}"
+    assert set(RULES_OFF) < {f.name for f in dataclasses.fields(MeasureConfig)}

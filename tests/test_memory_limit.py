@@ -113,7 +113,7 @@ def cells_with_and_without_the_limit():
     from kvsweep.grid import MeasureProtocol
 
     exact = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
-    limited = dataclasses.replace(exact, device_memory_limit_gb=CELL_LIMIT_GB).to_dict()
+    limited = exact.with_measure(device_memory_limit_gb=CELL_LIMIT_GB).to_dict()
     return {
         "small": run_cell(cell(64, 1), limited),
         "large": run_cell(cell(2048, 16), limited),

@@ -5,7 +5,6 @@ Expectations are hand arithmetic on the published Llama-3.1-8B shape: 32 layers 
 values) are 8 x 128 x 2 = 2,048 bytes per token.
 """
 
-import dataclasses
 import itertools
 import math
 
@@ -13,11 +12,12 @@ import pytest
 import torch
 
 from kvsweep.caches import get_strategy
+from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.measure.contention import CallContention
 from kvsweep.measure.kv_reading import cache_bytes
-from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.sampling import measure_phase
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.plan.calls import most_measured, worst_case_calls
 from kvsweep.plan.cell_plan import plan_cell
@@ -32,18 +32,21 @@ TB = 10**12
 LINK = 25e9  # bytes per second
 # The long_context sweep's measurement (conf/measure/slow_calls.yaml over the schema's defaults).
 LONG_CONTEXT = MeasureProtocol(
-    warmup=2,
-    repeats=5,
-    seed=0,
+    MeasureConfig(
+        warmup=2,
+        repeats=5,
+        seed=0,
+        threads=0,
+        min_duration_s=2.0,
+        max_repeats=30,
+        max_host_contention=0.05,
+        max_discarded=8,
+        target_rel_ci=0.0,
+        max_duration_s=60.0,
+        quality_trials=0,
+        device_memory_limit_gb=0.0,
+    ),
     device="cuda",
-    threads=0,
-    min_duration_s=2.0,
-    max_repeats=30,
-    max_host_contention=0.05,
-    max_discarded=8,
-    target_rel_ci=0.0,
-    max_duration_s=60.0,
-    device_memory_limit_gb=0.0,
     inputs=InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=0),
     gpus=1,
 )
@@ -54,7 +57,7 @@ def cell(cache: str, context: int, batch: int) -> Cell:
 
 
 def protocol(**changed: float) -> MeasureProtocol:
-    return dataclasses.replace(LONG_CONTEXT, **changed)
+    return LONG_CONTEXT.with_measure(**changed)
 
 
 def test_every_decoded_token_moves_the_whole_cache_there_and_back():
@@ -141,15 +144,7 @@ def test_the_count_is_what_the_measured_phase_makes_when_every_call_it_may_disca
         def stop(self) -> CallContention:
             return busy
 
-    rules = SamplingRules(
-        repeats=rules_of.repeats,
-        min_duration_s=rules_of.min_duration_s,
-        repeat_cap=rules_of.repeat_cap,
-        max_contention=rules_of.max_host_contention,
-        max_discarded=rules_of.max_discarded,
-        target_rel_ci=0.0,
-        max_duration_s=0.0,
-    )
+    rules = rules_of.with_measure(target_rel_ci=0.0).measure
     counter = itertools.count()
     phase = measure_phase(
         lambda: next(counter),

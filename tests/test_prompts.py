@@ -226,33 +226,24 @@ def test_a_pass_key_is_the_first_number_of_the_answer():
 # --- the task's version in the cell id ---------------------------------------------------------------------
 
 
-def test_a_text_fed_cells_id_changes_with_the_task_and_a_random_fed_one_does_not():
-    """The id a passkey cell had under the first task (its protocol's inputs hashed without a version, as the
-    code then did, rebuilt by hand here) is not the id it has now: a resumed sweep measures it again instead
-    of keeping a verdict the old task made. A random-fed cell's id is what it was."""
+def test_a_cells_id_changes_with_the_task_it_is_fed():
+    """A cell id hashes the prompts' version with the inputs settings (recipe rebuilt by hand here): when the
+    task changes, a resumed sweep measures the cell again instead of keeping a verdict the old task made."""
     import dataclasses
     import hashlib
     import json
 
-    from kvsweep.grid import Cell, MeasureProtocol, cell_id
+    from kvsweep.grid import PROTOCOL_VERSION, Cell, MeasureProtocol, cell_id
 
     spec = InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=16)
-    five = {"warmup": 1, "repeats": 3, "seed": 0, "device": "cpu", "threads": 1}
-    protocol = MeasureProtocol.exact(**five, inputs=spec)
-    old_inputs = {"depths": [0.1, 0.5, 0.9], "chat_template": True, "quality_trials": 16, "file_sha256": ""}
+    protocol = MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=1, inputs=spec)
+    inputs = {"depths": [0.1, 0.5, 0.9], "chat_template": True, "quality_trials": 16, "file_sha256": ""}
 
-    def hashed(cell: Cell, inputs: dict | None) -> str:
-        fields = {k: v for k, v in dataclasses.asdict(cell).items() if k != "weights"}
-        protocol_fields = {**five, **({"inputs": inputs} if inputs is not None else {})}
-        if inputs is None:
-            del fields["inputs"]
-        payload = json.dumps({"cell": fields, "protocol": protocol_fields}, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    def hashed(cell: Cell, prompts_version: int) -> str:
+        fields = {**dataclasses.asdict(protocol), "inputs": {**inputs, "prompts_version": prompts_version}}
+        payload = {"version": PROTOCOL_VERSION, "cell": dataclasses.asdict(cell), "protocol": fields}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     text_fed = Cell("org/model", "float32", 512, 1, 32, "dynamic", False, inputs="passkey")
-    random_fed = Cell("org/model", "float32", 512, 1, 32, "dynamic", False)
-    assert cell_id(text_fed, protocol) != hashed(text_fed, old_inputs)
-    # ...and the version is the only difference: the same payload with it is today's id
-    assert cell_id(text_fed, protocol) == hashed(text_fed, {**old_inputs, "prompts_version": PROMPTS_VERSION})
-    assert PROMPTS_VERSION >= 2
-    assert cell_id(random_fed, protocol) == hashed(random_fed, None)
+    assert cell_id(text_fed, protocol) == hashed(text_fed, PROMPTS_VERSION)
+    assert cell_id(text_fed, protocol) != hashed(text_fed, PROMPTS_VERSION - 1)

@@ -176,12 +176,14 @@ def test_quality_is_measured_against_the_dynamic_baseline(results):
 
 
 def test_fast_cells_are_measured_for_at_least_the_minimum_duration():
-    floor = dict(PROTO, repeats=2, min_duration_s=1.0, max_repeats=200)
-    result = run_cell(cell("dynamic", context=64, batch=1, new=4), floor)
+    floor = MeasureProtocol.from_dict(PROTO).with_measure(repeats=2, min_duration_s=1.0, max_repeats=200)
+    result = run_cell(cell("dynamic", context=64, batch=1, new=4), floor.to_dict())
     repeats = result["samples"]["repeats"]
     assert result["metrics"]["repeats"] == len(repeats) > 2
     assert sum(r["e2e_ms"] for r in repeats) >= 0.8 * 1000  # the gaps between runs are not counted
-    capped = run_cell(cell("dynamic", context=64, batch=1, new=4), dict(floor, min_duration_s=100.0, max_repeats=3))
+    capped = run_cell(
+        cell("dynamic", context=64, batch=1, new=4), floor.with_measure(min_duration_s=100.0, max_repeats=3).to_dict()
+    )
     assert capped["metrics"]["repeats"] == 3  # the cap wins over the time floor
 
 

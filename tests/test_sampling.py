@@ -9,8 +9,10 @@ import math
 
 import pytest
 
+from kvsweep.config.measure_config import MeasureConfig
+from kvsweep.grid import RULES_OFF
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.sampling import measure_phase
 from kvsweep.measure.timing import TokenTimes
 
 QUIET = CallContention(other_s=0.0, steal_s=0.0, capacity_s=2.0, cpus=2)
@@ -46,10 +48,9 @@ def no_sleep(_seconds):
     pass
 
 
-def rules_with(**given):
+def rules_with(max_contention: float = math.inf, repeat_cap: int = 0, **given):
     """The phase's rules as given, every other one off (no time floor, cap, guard, target or time cap)."""
-    off = {"min_duration_s": 0.0, "repeat_cap": 0, "max_contention": math.inf, "max_discarded": 0}
-    return SamplingRules(**{**off, "target_rel_ci": 0.0, "max_duration_s": 0.0, **given})
+    return MeasureConfig(**{**RULES_OFF, "max_host_contention": max_contention, "max_repeats": repeat_cap, **given})
 
 
 def test_contended_calls_are_re_run_until_the_budget_is_spent_then_kept():

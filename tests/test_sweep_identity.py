@@ -6,7 +6,8 @@ from dataclasses import asdict
 
 from conftest import FAST, cell_runs
 from kvsweep.config.compose import compose_config
-from kvsweep.driver.sweep_identity import MEASUREMENT_REVISION, sweep_key
+from kvsweep.driver.sweep_identity import sweep_key
+from kvsweep.grid import PROTOCOL_VERSION
 
 
 def hand_key(cfg, revision: int | None) -> str:
@@ -24,7 +25,21 @@ def hand_key(cfg, revision: int | None) -> str:
 def test_revision_one_is_the_key_sweeps_had_and_the_current_revision_another():
     cfg = compose_config([]).config
     assert sweep_key(cfg, revision=1) == hand_key(cfg, None)
-    assert sweep_key(cfg) == hand_key(cfg, MEASUREMENT_REVISION) != hand_key(cfg, None)
+    assert sweep_key(cfg, revision=2) == hand_key(cfg, 2)
+    whole = asdict(cfg)
+    keyed = ("name", "grid", "measure", "inputs", "search", "slo", "device", "trust_remote_code")
+    identity = {k: whole[k] for k in keyed} | {"experiment": cfg.mlflow.experiment, "version": 3}
+    assert PROTOCOL_VERSION == 3
+    assert sweep_key(cfg) == hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_every_measure_key_is_part_of_the_sweeps_key():
+    """The whole measure config keys a sweep: a key once outside it (`wait_for_idle_gpu_s`) no longer resumes a
+    sweep measured another way."""
+    base = sweep_key(compose_config([]).config)
+    for override in ("measure.wait_for_idle_gpu_s=30", "measure.quality_trials=4", "measure.max_discarded=2"):
+        assert sweep_key(compose_config([override]).config) != base, override
+    assert sweep_key(compose_config(["ray.max_retries=3", "report.max_kl=0.5"]).config) == base  # how it runs
 
 
 def test_a_parent_measured_by_an_earlier_revision_is_left_and_every_cell_measured_again(run_sweep):

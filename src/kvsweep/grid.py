@@ -3,10 +3,11 @@
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvsweep.caches import get_strategy
+from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.inputs.spec import RANDOM, InputSpec
 from kvsweep.model_names import short_name
 from kvsweep.names import PARAM_KEYS
@@ -46,10 +47,13 @@ def cached_tokens(context_length: int, max_new_tokens: int) -> int:
     return context_length + max_new_tokens - 1
 
 
-# The protocol's fields added after cell ids were first published, at the values that meant "off" before
-# they existed: no time floor, no cap, no contention guard, no precision target. A cell id leaves a field
-# out at this value, so the ids of cells measured before it existed stay valid; `MeasureProtocol.exact`
-# turns them all off. Not defaults: a sweep's protocol is built from its `measure` config, every field given.
+# The version of what a cell id hashes and of how its numbers are counted. Bumped whenever a release changes
+# either: every cell is then measured again under a new parent run, never resumed beside an older release's
+# cells (driver/sweep_identity.py says which parent it left, and why).
+PROTOCOL_VERSION = 3
+
+# What `MeasureProtocol.exact` turns off: no time floor, no cap, no contention guard, no precision target, no
+# time cap and no memory limit.
 RULES_OFF: dict[str, Any] = {
     "min_duration_s": 0.0,
     "max_repeats": 0,
@@ -58,26 +62,16 @@ RULES_OFF: dict[str, Any] = {
     "target_rel_ci": 0.0,
     "max_duration_s": 0.0,
     "device_memory_limit_gb": 0.0,
-    "gpus": 1,
 }
 
 
 @dataclass(frozen=True)
 class MeasureProtocol:
-    """How every cell of a sweep is measured (its `measure` config, on one device); part of each cell's id."""
+    """How every cell of a sweep is measured: its `measure` config as the user set it, on one device, fed
+    `inputs`, over `gpus`. Part of each cell's id, whole."""
 
-    warmup: int
-    repeats: int  # at least this many measured runs...
-    seed: int
+    measure: MeasureConfig
     device: str
-    threads: int
-    min_duration_s: float  # ...and at least this much measured time (fast cells get more runs)
-    max_repeats: int  # at most this many measured runs when min_duration_s asks for more; 0 = repeats
-    max_host_contention: float  # share of the cell's CPUs others may take in a kept call; 1 = off
-    max_discarded: int  # contended calls re-run per cell
-    target_rel_ci: float  # keep measuring until each 95% interval is within +-this of its median; 0 = off
-    max_duration_s: float  # time cap on the measured phase; 0 = none
-    device_memory_limit_gb: float  # the cell runs as if its device had this many GB (1e9 bytes); 0 = none
     inputs: InputSpec  # what text-fed cells are given (depths, template, trials, the prompts file)
     gpus: int  # GPUs each cell's model is placed over (`ray.gpus_per_cell` on CUDA; 1 elsewhere)
 
@@ -88,31 +82,32 @@ class MeasureProtocol:
         """Exactly `repeats` measured runs after `warmup`, every later rule off (`RULES_OFF`); no task trials
         unless `inputs` says otherwise."""
         inputs = inputs or InputSpec(depths=(0.5,), chat_template=True, quality_trials=0)
-        fields = dict(warmup=warmup, repeats=repeats, seed=seed, device=device, threads=threads)
-        return cls(**fields, **RULES_OFF, inputs=inputs)
+        measure = MeasureConfig(
+            warmup=warmup,
+            repeats=repeats,
+            seed=seed,
+            threads=threads,
+            quality_trials=inputs.quality_trials,
+            **RULES_OFF,
+        )
+        return cls(measure, device, inputs, gpus=1)
+
+    def with_measure(self, **changes: Any) -> "MeasureProtocol":
+        """This protocol with some `measure` keys changed."""
+        return replace(self, measure=replace(self.measure, **changes))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MeasureProtocol":
-        # a protocol written before cells could span GPUs had one each
-        return cls(**{"gpus": 1, **data, "inputs": InputSpec.from_dict(data["inputs"])})
+        return cls(
+            **{**data, "measure": MeasureConfig(**data["measure"]), "inputs": InputSpec.from_dict(data["inputs"])}
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
-    def repeat_cap(self) -> int:
-        return max(self.repeats, self.max_repeats)
-
-    def identity(self, cell_inputs: str = RANDOM) -> dict[str, Any]:
-        """What a cell id hashes: every field, less those at their `RULES_OFF` value (older ids stay valid).
-
-        The inputs' settings count only for a cell fed text (`cell_inputs` not random): a random-id cell
-        measures the same whatever they say, so its id is the one it had before inputs existed."""
-        fields = {k: v for k, v in asdict(self).items() if k != "inputs"}
-        identity = {k: v for k, v in fields.items() if k not in RULES_OFF or v != RULES_OFF[k]}
-        if cell_inputs != RANDOM:
-            identity["inputs"] = self.inputs.identity()
-        return identity
+    def identity(self) -> dict[str, Any]:
+        """What a cell id hashes of the protocol: all of it (the prompts file by its hash)."""
+        return {**asdict(self), "inputs": self.inputs.identity()}
 
 
 def strategy_label(cell: Cell) -> str:
@@ -132,17 +127,10 @@ def cell_label(cell: Cell, model_name: str = "") -> str:
 
 
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
-    """Stable hash of the cell's settings and measurement protocol (resume key, MLflow tag).
-
-    A cell fed random ids hashes without its `inputs` field, and one whose weights are not quantized without
-    its `weights` field, as cells did before those existed."""
-    fields = cell.to_dict()
-    if cell.inputs == RANDOM:
-        del fields["inputs"]
-    if cell.weights == NO_WEIGHT_QUANTIZATION:
-        del fields["weights"]
-    payload = json.dumps({"cell": fields, "protocol": protocol.identity(cell.inputs)}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    """Stable hash of the protocol's version, the cell and its whole measurement protocol (the resume key and
+    the `kvsweep.cell_id` tag): any change to any of them is another cell."""
+    payload = {"version": PROTOCOL_VERSION, "cell": cell.to_dict(), "protocol": protocol.identity()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | None = None) -> list[Cell]:

@@ -31,7 +31,7 @@ class Feed:
 def feed_for(cell: Cell, protocol: MeasureProtocol, vocab_size: int, trust_remote_code: bool) -> Feed | str:
     """The cell's inputs, or why the cell is skipped (a context too short for the prompt's fixed part)."""
     if cell.inputs == RANDOM:
-        ids = random_ids(vocab_size, cell.batch_size, cell.context_length, protocol.seed)
+        ids = random_ids(vocab_size, cell.batch_size, cell.context_length, protocol.measure.seed)
         return Feed(ids.to(protocol.device), hashlib.sha256(ids.numpy().tobytes()).hexdigest())
     kind, spec = kind_of(cell.inputs), protocol.inputs
     tokenizer = load_tokenizer(classify(cell.model), trust_remote_code)
@@ -39,7 +39,12 @@ def feed_for(cell: Cell, protocol: MeasureProtocol, vocab_size: int, trust_remot
     if cell.context_length < shortest:
         return f"context {cell.context_length} is shorter than a {kind} prompt's fixed part ({shortest} tokens)"
     prompts = build_prompts(
-        tokenizer, kind, task_rows(cell.batch_size, spec.quality_trials), cell.context_length, protocol.seed, spec
+        tokenizer,
+        kind,
+        task_rows(cell.batch_size, spec.quality_trials),
+        cell.context_length,
+        protocol.measure.seed,
+        spec,
     )
     ids = torch.tensor([p.ids for p in prompts[: cell.batch_size]], dtype=torch.long)
     return Feed(ids.to(protocol.device), prompts_sha256(prompts), prompts, tokenizer)

@@ -60,9 +60,9 @@ def load_cell_model(
     split = cell_split(cell, ref, devices, trust_remote_code) if devices else None
     if split is not None:
         dtype = torch_dtype_of(cell.dtype)
-        model, _ = build_split_model(ref, dtype, protocol.seed, split, trust_remote_code, cell.weights)
+        model, _ = build_split_model(ref, dtype, protocol.measure.seed, split, trust_remote_code, cell.weights)
     else:
-        model = build_model(ref, cell.dtype, device, protocol.seed, trust_remote_code, cell.weights)
+        model = build_model(ref, cell.dtype, device, protocol.measure.seed, trust_remote_code, cell.weights)
     seconds = time.perf_counter() - loaded_at
     on_phase("built")
     shape = kv_shape(model.config)

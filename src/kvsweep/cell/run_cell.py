@@ -32,7 +32,7 @@ from kvsweep.measure.contention import HostEvidence, HostMeter
 from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_energy
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.peak_memory import CudaMemory
-from kvsweep.measure.sampling import SamplingRules, measure_phase
+from kvsweep.measure.sampling import measure_phase
 from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
 from kvsweep.models.resolve import classify
@@ -49,7 +49,6 @@ def run_cell(
     protocol_data: dict[str, Any],
     faults: list[dict[str, Any]] | None = None,
     trust_remote_code: bool = False,
-    wait_idle_gpu_s: float = 0.0,
     on_phase: Callable[[str], None] | None = None,
     strategies: list[CacheStrategy] | None = None,
     cpus_per_cell: int = 0,
@@ -75,42 +74,27 @@ def run_cell(
             register(strategy)
         allowed_cpus = len(os.sched_getaffinity(0))
         threads = resolve_threads(
-            protocol.device, protocol.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
+            protocol.device, protocol.measure.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
         )
         torch.set_num_threads(threads.count)
         warnings.filterwarnings("ignore")
         result.environment.update(describe_host(protocol.device), threads_from=threads.source)  # threads: set above
         start_device(protocol.device, cuda_init_for(fault_for(cell.to_dict(), faults, during="start")))
         result.environment.update(describe_device(protocol.device, protocol.gpus))  # each of the cell's GPUs
-        if protocol.device_memory_limit_gb > 0:
+        if protocol.measure.device_memory_limit_gb > 0:
             device_bandwidth(protocol.device)  # our probe's two buffers (per process): before the limit, not under it
-        limit = protocol.device_memory_limit_gb
+        limit = protocol.measure.device_memory_limit_gb
         with memory_limit(protocol.device, limit, protocol.gpus) as applied:  # lifted before the result
             if applied is not None:
                 result.tags[ResultTag.MEMORY_LIMIT] = applied
             phase = on_phase or (lambda _: None)
-            _measure(
-                cell, protocol, faults, trust_remote_code, wait_idle_gpu_s, result, phase, hub_cache, split_devices
-            )
+            _measure(cell, protocol, faults, trust_remote_code, result, phase, hub_cache, split_devices)
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
         record_failure(result, OOM if kind else ERROR, exc)
         if kind:
             result.tags[ResultTag.OOM_KIND] = kind
     return result.to_dict()
-
-
-def sampling_rules(protocol: MeasureProtocol, niceness: int) -> SamplingRules:
-    """The protocol's rules for this process; a niced process yields to anyone, so it tolerates no one."""
-    return SamplingRules(
-        repeats=protocol.repeats,
-        min_duration_s=protocol.min_duration_s,
-        repeat_cap=protocol.repeat_cap,
-        max_contention=0.0 if niceness > 0 else protocol.max_host_contention,
-        max_discarded=protocol.max_discarded,
-        target_rel_ci=protocol.target_rel_ci,
-        max_duration_s=protocol.max_duration_s,
-    )
 
 
 def release_cuda_cache() -> None:
@@ -144,7 +128,6 @@ def _measure(
     protocol: MeasureProtocol,
     faults: list[dict[str, Any]],
     trust_remote_code: bool,
-    wait_idle_gpu_s: float,
     result: CellResult,
     on_phase: Callable[[str], None],
     hub_cache: dict[str, str] | None = None,
@@ -188,11 +171,11 @@ def _measure(
     check_cache(strategy, first, cell)  # fail fast, before any measuring time is spent
     if cell.compile:
         result.environment["compiled_graphs"] = check_compiled(strategy, session)
-    for _ in range(protocol.warmup):
+    for _ in range(protocol.measure.warmup):
         session.call(strategy)
     on_phase("measuring")
     sharing = SharingProbe(recorded_gpu_uuids(result.environment))  # each of the cell's GPUs
-    sharing.wait_until_alone(wait_idle_gpu_s)
+    sharing.wait_until_alone(protocol.measure.wait_for_idle_gpu_s)
     sharing.check()  # before and after the measured phase
     niceness = int(result.environment.get("niceness", 0))
     compiled_before = compile_events() if cell.compile else 0
@@ -201,9 +184,10 @@ def _measure(
     phase = measure_phase(
         energy.each(lambda: session.call(strategy)),
         lambda c: c.times,
-        sampling_rules(protocol, niceness),
+        protocol.measure,
         HostMeter(),
         energy.paused(time.sleep),
+        max_contention=0.0 if niceness > 0 else None,  # a niced process yields to anyone: it tolerates no one
     )
     write_part(result, energy_found(phase_energy(energy, phase, lambda c: c.new_tokens.numel())))
     recaptures = compile_events() - compiled_before if cell.compile else 0
@@ -212,11 +196,11 @@ def _measure(
     on_phase("measured")
     for sample in phase.kept:
         check_cache(strategy, sample.call, cell)
-    host = HostEvidence([s.contention for s in phase.kept], protocol.max_host_contention, niceness)
+    host = HostEvidence([s.contention for s in phase.kept], protocol.measure.max_host_contention, niceness)
     write_part(result, noise_found(phase, host, sharing if session_on_cuda(device) else None))
     checked_at = time.perf_counter()
     new_tokens = phase.kept[-1].call.new_tokens
-    quality = quality_or_nothing(session, strategy, new_tokens, model.config.vocab_size, feed, protocol.seed)
+    quality = quality_or_nothing(session, strategy, new_tokens, model.config.vocab_size, feed, protocol.measure.seed)
     result.metrics[Metric.QUALITY_CHECK_S] = time.perf_counter() - checked_at
     write_part(result, quality_found(quality))
     write_part(result, numbers_found(cell, first, phase, quality.metrics, model, shape, bandwidth))

@@ -9,10 +9,11 @@ express: allowed names, one key against another).
 """
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from kvsweep.config.measure_config import MeasureConfig
+from kvsweep.config.setting import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, Bound, one_of, setting
 from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.names import Metric
 
@@ -21,145 +22,63 @@ DEVICES = ("auto", "cuda", "cpu")  # what `device` accepts
 DEFAULT_EXPERIMENT = "kvsweep"  # `mlflow.experiment`, and the `report` and `compare` commands' `--experiment`
 
 
-@dataclass(frozen=True)
-class Bound:
-    """The values a numeric key accepts (each item of a list or map key): `low <= value <= high`."""
-
-    low: float
-    high: float | None = None
-    low_open: bool = False  # `low < value` instead
-    meaning: str = ""  # what the range stands for, said in the error
-
-    def allows(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        return above and (self.high is None or value <= self.high)
-
-    def describe(self) -> str:
-        if self.high is None:
-            text = f"{'>' if self.low_open else '>='} {self.low:g}"
-        else:
-            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
-        return f"{text} ({self.meaning})" if self.meaning else text
-
-
-AT_LEAST_0 = Bound(0)
-AT_LEAST_1 = Bound(1)
-POSITIVE = Bound(0, low_open=True)
-SHARE = Bound(0, 1)
-
-
-def one_of(choices: tuple[str, ...]) -> str:
-    """`a, b or c`: a choice list as help text says it."""
-    return f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else "".join(choices)
-
-
-def _help(default: Any, text: str, bound: Bound | None = None) -> Any:
-    metadata = {"help": text} if bound is None else {"help": text, "bound": bound}
-    if callable(default):
-        return field(default_factory=default, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
 @dataclass
 class GridConfig:
-    models: list[str] = _help(lambda: ["tiny-llama"], "model references: preset name, local path or Hub id")
-    weights: list[str] = _help(
+    models: list[str] = setting(lambda: ["tiny-llama"], "model references: preset name, local path or Hub id")
+    weights: list[str] = setting(
         lambda: ["none"],
         "weight quantization applied when a model is loaded: none, quanto-int8, quanto-int4 (CPU and CUDA), "
         "bnb-nf4, bnb-int8 (CUDA), torchao-int4 (CUDA)",
     )
-    dtypes: list[str] = _help(lambda: ["float32"], ", ".join(DTYPE_BYTES))
-    context_lengths: list[int] = _help(lambda: [256], "prompt lengths in tokens", AT_LEAST_1)
-    batch_sizes: list[int] = _help(lambda: [1], "batch sizes", AT_LEAST_1)
-    max_new_tokens: list[int] = _help(lambda: [32], "generated tokens per request (exactly; EOS disabled)", AT_LEAST_1)
-    caches: list[str] = _help(
+    dtypes: list[str] = setting(lambda: ["float32"], ", ".join(DTYPE_BYTES))
+    context_lengths: list[int] = setting(lambda: [256], "prompt lengths in tokens", AT_LEAST_1)
+    batch_sizes: list[int] = setting(lambda: [1], "batch sizes", AT_LEAST_1)
+    max_new_tokens: list[int] = setting(
+        lambda: [32], "generated tokens per request (exactly; EOS disabled)", AT_LEAST_1
+    )
+    caches: list[str] = setting(
         lambda: ["dynamic"],
         "cache strategies; static@N / offloaded_static@N reserve N tokens (at least the request's); "
         "quantized-*@r256,g32,ak1,av1 set the residual length, group size and key/value axes (quote the name)",
     )
-    compile: list[bool] = _help(lambda: [False], "compile the forward (static strategies only)")
+    compile: list[bool] = setting(lambda: [False], "compile the forward (static strategies only)")
 
 
 @dataclass
 class InputsConfig:
-    source: str = _help(
+    source: str = setting(
         "auto", "auto (passkey for a model with a tokenizer, else random), random, passkey or file (inputs.path)"
     )
-    path: str = _help("", "prompts for source=file: .jsonl (one {prompt | messages, answer?} a line) or .txt")
-    depths: list[float] = _help(
+    path: str = setting("", "prompts for source=file: .jsonl (one {prompt | messages, answer?} a line) or .txt")
+    depths: list[float] = setting(
         lambda: [0.1, 0.5, 0.9], "where passkey needles sit, as a share of the context", Bound(0, 1, meaning="0-1")
     )
-    chat_template: bool = _help(True, "wrap each prompt in the tokenizer's chat template when it has one")
-
-
-@dataclass
-class MeasureConfig:
-    """The `default` measure preset: one warmup, at least five runs and 2 s of them (at most 30)."""
-
-    warmup: int = _help(1, "uncounted runs after the cold first call", AT_LEAST_0)
-    repeats: int = _help(5, "measured runs behind each median (at least)", AT_LEAST_1)
-    min_duration_s: float = _help(2.0, "keep measuring until the measured runs add up to this many seconds", AT_LEAST_0)
-    max_repeats: int = _help(
-        30, "cap on measured runs when min_duration_s or target_rel_ci asks for more; 0 = repeats", AT_LEAST_0
-    )
-    seed: int = _help(0, "seed for random weights and input ids", AT_LEAST_0)
-    threads: int = _help(
-        0,
-        "torch intra-op threads in a cell; 0 = auto: a CPU cell every core it may use, a CUDA cell ray.cpus_per_cell",
-        AT_LEAST_0,
-    )
-    wait_for_idle_gpu_s: float = _help(
-        0.0, "wait up to this long for other processes to leave the cell's GPU", AT_LEAST_0
-    )
-    max_host_contention: float = _help(
-        0.05,
-        "discard and re-run a call when others took more than this share of the cell's CPUs (1 = off)",
-        Bound(0, 1, low_open=True, meaning="a share of the cell's CPUs; 1 = off"),
-    )
-    max_discarded: int = _help(
-        8,
-        "contended calls re-run per cell before its numbers are kept and tagged (the planner counts them all "
-        "in an offloaded cell's time)",
-        AT_LEAST_0,
-    )
-    target_rel_ci: float = _help(
-        0.0, "keep measuring until each 95% interval is within +-this share of its median (0 = off)", AT_LEAST_0
-    )
-    max_duration_s: float = _help(60.0, "time cap on a cell's measured phase, re-runs included (0 = none)", AT_LEAST_0)
-    quality_trials: int = _help(
-        16, "task prompts (passkey or file) each cell answers after its timed calls, at least; 0 = none", AT_LEAST_0
-    )
-    device_memory_limit_gb: float = _help(
-        0.0,
-        "run each cell as if its device had this many GB (1e9 bytes): on CUDA torch's allocator is capped, on "
-        "CPU the cell process's data segment past what it holds at start; the planner fits cells to it; 0 = none",
-        AT_LEAST_0,
-    )
+    chat_template: bool = setting(True, "wrap each prompt in the tokenizer's chat template when it has one")
 
 
 @dataclass
 class RayConfig:
-    address: str = _help("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
-    gpus_per_cell: int = _help(
+    address: str = setting("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
+    gpus_per_cell: int = setting(
         1,
         "whole GPUs per cell on CUDA; above 1 the model's layers are split over them as the planner predicts",
         AT_LEAST_1,
     )
-    cpus_per_cell: int = _help(
+    cpus_per_cell: int = setting(
         0,
         "CPUs Ray reserves per cell; 0 = auto: 1 on CPU, on CUDA (node CPUs - 1) x gpus_per_cell // node GPUs, 1-8",
         AT_LEAST_0,
     )
-    max_concurrent: int = _help(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)", AT_LEAST_0)
-    cell_timeout_s: float = _help(1800.0, "kill a cell's actor after this many seconds", POSITIVE)
-    max_retries: int = _help(1, "retries of a crashed or timed-out cell, each in a fresh actor", AT_LEAST_0)
-    prestart: int = _help(1, "spare cell actors started ahead of need (CPU cells only); 0 = off", AT_LEAST_0)
-    fork_cells: bool = _help(
+    max_concurrent: int = setting(0, "cells at a time; 0 = one per GPU (CUDA) or one (CPU)", AT_LEAST_0)
+    cell_timeout_s: float = setting(1800.0, "kill a cell's actor after this many seconds", POSITIVE)
+    max_retries: int = setting(1, "retries of a crashed or timed-out cell, each in a fresh actor", AT_LEAST_0)
+    prestart: int = setting(1, "spare cell actors started ahead of need (CPU cells only); 0 = off", AT_LEAST_0)
+    fork_cells: bool = setting(
         True, "measure each cell in a fresh process forked from a warm per-node template (false: import per cell)"
     )
-    accelerator_type: str = _help("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
-    resources: dict[str, float] = _help(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}", AT_LEAST_0)
-    allow_mixed_versions: bool = _help(
+    accelerator_type: str = setting("", "only GPUs of this kind (Ray accelerator type, e.g. H100, A100)")
+    resources: dict[str, float] = setting(dict, "custom Ray resources each cell needs, e.g. {nvme: 1}", AT_LEAST_0)
+    allow_mixed_versions: bool = setting(
         False,
         "measure even when the nodes that run cells (or the driver) report different software (torch, CUDA, "
         "Transformers, quantization backends, kvsweep's sources, Python, NVIDIA driver); false: exit 2 first",
@@ -168,45 +87,45 @@ class RayConfig:
 
 @dataclass
 class MlflowConfig:
-    tracking_uri: str = _help("", "empty: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db")
-    experiment: str = _help(DEFAULT_EXPERIMENT, "MLflow experiment for the sweep's runs")
+    tracking_uri: str = setting("", "empty: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db")
+    experiment: str = setting(DEFAULT_EXPERIMENT, "MLflow experiment for the sweep's runs")
 
 
 @dataclass
 class PlannerConfig:
-    device_memory_gb: float = _help(
+    device_memory_gb: float = setting(
         0.0, "size of the smallest GPU cells may land on, in GB (1e9 bytes); 0 = the local GPU's, if any", AT_LEAST_0
     )
-    skip_predicted_oom: bool = _help(True, "plan cells predicted not to fit that GPU as skipped")
-    host_memory_gb: float = _help(
+    skip_predicted_oom: bool = setting(True, "plan cells predicted not to fit that GPU as skipped")
+    host_memory_gb: float = setting(
         0.0,
         "host memory of a GPU node in GB (1e9 bytes), for offloaded caches' pinned blocks; 0 = this machine's",
         AT_LEAST_0,
     )
-    host_link_gbps: float = _help(
+    host_link_gbps: float = setting(
         25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)", POSITIVE
     )
 
 
 @dataclass
 class ReportConfig:
-    rank_by: str = _help(Metric.TPOT_MS, f"what 'fastest' means in the selection table: {one_of(RANK_BY)}")
-    max_slowdown: float = _help(
+    rank_by: str = setting(Metric.TPOT_MS, f"what 'fastest' means in the selection table: {one_of(RANK_BY)}")
+    max_slowdown: float = setting(
         0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)", AT_LEAST_0
     )
-    min_token_agreement: float = _help(
+    min_token_agreement: float = setting(
         0.9, "flag caches whose tokens agree with dynamic less than this (0-1; reported, never decides alone)", SHARE
     )
-    max_accuracy_drop: float = _help(
+    max_accuracy_drop: float = setting(
         0.05, "refuse caches whose task accuracy is below dynamic's by more than this (intervals apart)", SHARE
     )
-    max_kl: float = _help(
+    max_kl: float = setting(
         0.5,
         "where no informative task judges a group (random ids, a task dynamic fails), refuse caches whose mean "
         "teacher-forced KL from dynamic exceeds this many nats (0.5: calibrated on SmolLM2-135M, docs/report.md)",
         POSITIVE,
     )
-    gpu_hour_cost: float = _help(
+    gpu_hour_cost: float = setting(
         0.0,
         "price of one GPU-hour: turns capacity goodput into cost per 1M output tokens; 0 = no cost line",
         AT_LEAST_0,
@@ -215,30 +134,30 @@ class ReportConfig:
 
 @dataclass
 class SearchConfig:
-    batch: bool = _help(
+    batch: bool = setting(
         False, "find each cache's largest batch that fits and meets the SLO, per context (replaces grid.batch_sizes)"
     )
-    contexts: bool = _help(
+    contexts: bool = setting(
         False,
         "find each cache's largest context that fits and meets the SLO, per batch (replaces grid.context_lengths)",
     )
-    max_batch: int = _help(256, "the batch search's ceiling: a frontier that reaches it ends there", AT_LEAST_1)
-    max_context: int = _help(
+    max_batch: int = setting(256, "the batch search's ceiling: a frontier that reaches it ends there", AT_LEAST_1)
+    max_context: int = setting(
         0, "the context search's ceiling; 0 = the model's positions less max_new_tokens", AT_LEAST_0
     )
-    context_step: int = _help(
+    context_step: int = setting(
         1024, "the context search's resolution: every probed context is a multiple of this", AT_LEAST_1
     )
 
 
 @dataclass
 class SloConfig:
-    tpot_ms: float = _help(
+    tpot_ms: float = setting(
         0.0,
         "a search probe meets the SLO when its tpot_ms 95% interval's upper end is at most this; 0 = none",
         AT_LEAST_0,
     )
-    ttft_ms: float = _help(
+    ttft_ms: float = setting(
         0.0,
         "a search probe meets the SLO when its ttft_ms 95% interval's upper end is at most this; 0 = none",
         AT_LEAST_0,
@@ -247,15 +166,15 @@ class SloConfig:
 
 @dataclass
 class KvSweepConfig:
-    name: str = _help("quickstart", "sweep name")
+    name: str = setting("quickstart", "sweep name")
     grid: GridConfig = field(default_factory=GridConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    device: str = _help("auto", one_of(DEVICES))
-    trust_remote_code: bool = _help(False, "allow Hub models' own code (off unless you turn it on)")
-    dry_run: bool = _help(False, "print the grid and plan, start nothing")
-    rerun: bool = _help(False, "start a fresh sweep instead of resuming the last one with this config")
-    infer_oom: bool = _help(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
+    device: str = setting("auto", one_of(DEVICES))
+    trust_remote_code: bool = setting(False, "allow Hub models' own code (off unless you turn it on)")
+    dry_run: bool = setting(False, "print the grid and plan, start nothing")
+    rerun: bool = setting(False, "start a fresh sweep instead of resuming the last one with this config")
+    infer_oom: bool = setting(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
     search: SearchConfig = field(default_factory=SearchConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)

@@ -88,7 +88,7 @@ class CellScheduler:
         options: dict[str, Any] | None = None,
         templates: Templates | None = None,
     ) -> None:
-        """`options` are `run_cell`'s keyword arguments (trust_remote_code, wait_idle_gpu_s, strategies);
+        """`options` are `run_cell`'s keyword arguments (trust_remote_code, strategies, hub_cache);
         `cpus_per_cell` is added here."""
         self.protocol = protocol
         self.nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]

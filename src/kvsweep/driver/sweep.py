@@ -225,7 +225,6 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
     )
     options = {
         "trust_remote_code": cfg.trust_remote_code,
-        "wait_idle_gpu_s": cfg.measure.wait_for_idle_gpu_s,
         "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
         "hub_cache": hub_cache,  # fetched Hub models: each cell loads them from the cache, offline
     }

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.measure.contention import CallContention
 from kvsweep.measure.statistics import precise_enough
 from kvsweep.measure.timing import TokenTimes
@@ -28,19 +29,6 @@ class CallMeter(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> CallContention | None: ...
-
-
-@dataclass(frozen=True)
-class SamplingRules:
-    """The measured phase's rules, from the cell's `MeasureProtocol` (`cell/run_cell.py::sampling_rules`)."""
-
-    repeats: int
-    min_duration_s: float
-    repeat_cap: int  # 0 = repeats
-    max_contention: float  # share of the cell's CPUs others may take during a kept call
-    max_discarded: int
-    target_rel_ci: float  # 0 = off
-    max_duration_s: float  # 0 = no time cap
 
 
 @dataclass
@@ -74,12 +62,16 @@ def pause_after(times: TokenTimes, in_a_row: int) -> float:
 def measure_phase(
     call: Callable[[], T],
     times_of: Callable[[T], TokenTimes],
-    rules: SamplingRules,
+    rules: MeasureConfig,
     meter: CallMeter,
     sleep: Callable[[float], None] = time.sleep,
+    max_contention: float | None = None,
 ) -> MeasuredPhase[T]:
+    """The measured calls under the sweep's `measure` rules; `max_contention` replaces its
+    `max_host_contention` (a niced cell tolerates no one: 0)."""
     phase: MeasuredPhase[T] = MeasuredPhase()
-    cap = max(rules.repeats, rules.repeat_cap)
+    cap = rules.repeat_cap
+    limit = rules.max_host_contention if max_contention is None else max_contention
     started = time.perf_counter()
     kept_s = 0.0
     in_a_row = 0  # contended calls since the last kept one
@@ -97,7 +89,7 @@ def measure_phase(
         result = call()
         reading = meter.stop()
         sample = Sample(result, times_of(result), reading)
-        if reading is not None and reading.over(rules.max_contention) and len(phase.discarded) < rules.max_discarded:
+        if reading is not None and reading.over(limit) and len(phase.discarded) < rules.max_discarded:
             phase.discarded.append(sample)
             in_a_row += 1
             sleep(pause_after(sample.times, in_a_row))

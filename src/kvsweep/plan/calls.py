@@ -64,25 +64,25 @@ def task_calls(cell: Cell, protocol: MeasureProtocol) -> int:
 
 def most_kept(protocol: MeasureProtocol, call_s: float) -> int:
     """Kept calls before the measured phase stops by itself (no time cap)."""
-    cap = protocol.repeat_cap
-    if protocol.target_rel_ci > 0 or call_s <= 0:
+    cap = protocol.measure.repeat_cap
+    if protocol.measure.target_rel_ci > 0 or call_s <= 0:
         return cap
-    return min(cap, max(protocol.repeats, math.ceil(protocol.min_duration_s / call_s)))
+    return min(cap, max(protocol.measure.repeats, math.ceil(protocol.measure.min_duration_s / call_s)))
 
 
 def most_discarded(protocol: MeasureProtocol) -> int:
     """Calls the phase may discard and re-run: `max_discarded`, or none with the contention guard off."""
-    return protocol.max_discarded if protocol.max_host_contention < GUARD_OFF else 0
+    return protocol.measure.max_discarded if protocol.measure.max_host_contention < GUARD_OFF else 0
 
 
 def most_measured(protocol: MeasureProtocol, call_s: float) -> int:
     """Measured calls, kept and discarded, under every rule of the phase, the time cap included."""
     discarded = most_discarded(protocol)
     unbounded = most_kept(protocol, call_s) + discarded
-    if protocol.max_duration_s <= 0 or call_s <= 0:
+    if protocol.measure.max_duration_s <= 0 or call_s <= 0:
         return unbounded
-    until_cap = math.ceil(protocol.max_duration_s / call_s)
-    return min(unbounded, max(protocol.repeats + discarded, until_cap))
+    until_cap = math.ceil(protocol.measure.max_duration_s / call_s)
+    return min(unbounded, max(protocol.measure.repeats + discarded, until_cap))
 
 
 def worst_case_calls(protocol: MeasureProtocol, call_s: float, tasks: int = 0) -> CallCount:
@@ -91,4 +91,4 @@ def worst_case_calls(protocol: MeasureProtocol, call_s: float, tasks: int = 0) -
     `tasks`: the cell's `task_calls`."""
     measured = most_measured(protocol, call_s)  # never fewer than repeats + the discards
     discarded = most_discarded(protocol)
-    return CallCount(COLD_CALLS, protocol.warmup, measured - discarded, discarded, QUALITY_CALLS, tasks)
+    return CallCount(COLD_CALLS, protocol.measure.warmup, measured - discarded, discarded, QUALITY_CALLS, tasks)

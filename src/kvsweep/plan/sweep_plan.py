@@ -188,19 +188,5 @@ def inputs_spec(cfg: KvSweepConfig) -> InputSpec:
 
 
 def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec, gpus: int = 1) -> MeasureProtocol:
-    return MeasureProtocol(
-        warmup=m.warmup,
-        repeats=m.repeats,
-        seed=m.seed,
-        device=device,
-        threads=m.threads,
-        min_duration_s=m.min_duration_s,
-        max_repeats=m.max_repeats,
-        max_host_contention=m.max_host_contention,
-        max_discarded=m.max_discarded,
-        target_rel_ci=m.target_rel_ci,
-        max_duration_s=m.max_duration_s,
-        device_memory_limit_gb=m.device_memory_limit_gb,
-        inputs=inputs,
-        gpus=gpus,
-    )
+    """The sweep's protocol: its `measure` config as it is, on `device`, fed `inputs`, over `gpus`."""
+    return MeasureProtocol(m, device, inputs, gpus)

@@ -88,7 +88,7 @@ def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str,
     while time.monotonic() < end:
         pass
     reading = meter.stop()
-    contended, contention = HostEvidence([reading], the_protocol.max_host_contention).verdict()
+    contended, contention = HostEvidence([reading], the_protocol.measure.max_host_contention).verdict()
     shares = reading.to_dict() if reading is not None else {}
     result = CellResult(cell_id(the_cell, the_protocol), the_cell, OK, metrics={Metric.E2E_MS: 1.0, **shares})
     result.tags.update({ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention})
