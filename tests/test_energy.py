@@ -1,9 +1,10 @@
 """Joules per token: the arithmetic through the meter's counter seam, and why a figure is missing.
 
 The counter is a function returning each GPU's millijoules, passed in (NVML's on a GPU); the measured
-phase is the real `measure_phase` with its call, meter and sleep scripted, so every figure is worked out
-by hand. NVML's own counter is read through a stand-in for its bindings (`fake_nvml.py`): a cell over two
-GPUs sums both. A real CPU cell's "unknown" tag is checked through `run_cell` in test_memory_limit.py.
+phase is the real `PhaseMeters.measure` (and `measure_phase` under it) with its call, host meter and sleep
+scripted, so every figure is worked out by hand. NVML's own counter is read through a stand-in for its
+bindings (`fake_nvml.py`): a cell over two GPUs sums both. A real CPU cell's "unknown" tag is checked
+through `run_cell` in test_memory_limit.py.
 """
 
 import pytest
@@ -16,10 +17,13 @@ from kvsweep.measure.energy import (
     NO_COUNTER,
     NVML_DID_NOT_START,
     EnergyMeter,
+    EnergyReads,
     nvml_energy_counter,
-    phase_energy,
+    per_token,
     phase_tokens,
 )
+from kvsweep.measure.gpu_sharing import SharingProbe
+from kvsweep.measure.phase_meters import PhaseMeters
 from kvsweep.measure.sampling import measure_phase
 from kvsweep.measure.timing import TokenTimes
 from test_sampling import BUSY, QUIET, ScriptedMeter  # what others took of the CPUs, scripted per call
@@ -31,11 +35,21 @@ def readings(*values):
     return lambda: (next(script),)
 
 
-def test_joules_per_token_is_the_counters_difference_over_the_tokens():
-    meter = EnergyMeter(readings(1_000_000, 1_600_000))
+def energy_over(counter, tokens):
+    """One energy meter started and stopped at once on `counter`, and the joules per token between."""
+    meter = EnergyMeter(EnergyReads(counter))
     meter.start()
+    return per_token(meter.stop(), tokens)
+
+
+def phase_meters(counter, host, sleep=lambda _: None):
+    """The phase's meters off CUDA (no GPU to probe), with the energy counter and host meter given."""
+    return PhaseMeters(SharingProbe(()), counter, host, sleep)
+
+
+def test_joules_per_token_is_the_counters_difference_over_the_tokens():
     # 600 000 mJ = 600 J over 4 x 32 + 4 x 32 = 256 tokens
-    assert meter.per_token(4 * 32 + 4 * 32).joules_per_token == 600 / 256 == 2.34375
+    assert energy_over(readings(1_000_000, 1_600_000), 4 * 32 + 4 * 32).joules_per_token == 600 / 256 == 2.34375
 
 
 class Gpu:
@@ -66,24 +80,21 @@ def guarded(repeats, max_discarded):
 
 def test_discarded_calls_count_and_the_pause_after_them_does_not():
     gpu = Gpu()
-    meter = EnergyMeter(gpu.read)
     rules = guarded(repeats=1, max_discarded=1)
-    meter.start()
-    phase = measure_phase(
-        gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), rules, ScriptedMeter([BUSY, QUIET]), meter.paused(gpu.sleep)
-    )
+    meters = phase_meters(gpu.read, ScriptedMeter([BUSY, QUIET]), gpu.sleep)
+    metered = meters.measure(gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), lambda ids: ids.numel(), rules)
+    phase = metered.phase
     # The first call is discarded (others took half the CPUs), one pause, the second is kept.
     assert (len(phase.discarded), len(phase.kept), gpu.calls) == (1, 1, 2)
     tokens = phase_tokens(phase, lambda ids: ids.numel())
-    assert tokens == 2 * 4 * 32
+    assert tokens == metered.energy.tokens == 2 * 4 * 32
     # 2 calls x 300 J; the 50 J pause left out
-    assert meter.per_token(tokens).joules_per_token == pytest.approx(600 / 256)
+    assert metered.energy.joules_per_token == pytest.approx(600 / 256)
+    assert metered.energy.joules_per_token_each == pytest.approx((300 / 128,))  # the kept call's own
 
 
 def test_no_counter_gives_the_reason_not_a_number():
-    found = EnergyMeter("pynvml is not installed")
-    found.start()
-    energy = found.per_token(256)
+    energy = energy_over("pynvml is not installed", 256)
     assert energy.joules_per_token is None and energy.unknown == "pynvml is not installed"
 
 
@@ -91,17 +102,23 @@ def test_a_counter_that_fails_or_goes_backwards_gives_no_figure():
     def broken():
         raise OSError("gone")
 
-    failing = EnergyMeter(broken)
-    failing.start()
-    assert failing.per_token(256).unknown == "the energy counter failed: OSError: gone"
+    assert energy_over(broken, 256).unknown == "the energy counter failed: OSError: gone"
+    # the driver reloaded between the readings
+    backwards = energy_over(readings(5_000, 1_000), 256)
+    assert backwards.unknown == "the energy counter went backwards (5000 mJ, then 1000 mJ)"
+    assert energy_over(readings(1_000, 2_000), 0).joules_per_token is None
 
-    reset = EnergyMeter(readings(5_000, 1_000))  # the driver reloaded between the readings
-    reset.start()
-    assert reset.per_token(256).unknown == "the energy counter went backwards (5000 mJ, then 1000 mJ)"
 
-    silent = EnergyMeter(readings(1_000, 2_000))
-    silent.start()
-    assert silent.per_token(0).joules_per_token is None
+def test_a_counter_that_fails_during_one_call_leaves_the_whole_phase_unknown():
+    gpu = Gpu()
+    answers = iter([gpu.read, gpu.read, gpu.read, lambda: 1 / 0])  # the second call's first reading fails
+
+    def read():
+        return next(answers, gpu.read)()
+
+    meters = phase_meters(read, ScriptedMeter([QUIET] * 2))
+    metered = meters.measure(gpu.call, lambda _: TokenTimes(1.0, [1.0], 2.0), lambda ids: ids.numel(), guarded(2, 0))
+    assert metered.energy.unknown == "the energy counter failed: ZeroDivisionError: division by zero"
 
 
 def test_nvml_is_asked_only_for_a_cuda_device_and_found_by_uuid():
@@ -143,16 +160,11 @@ class SplitCell:
 
 def test_a_split_cells_energy_is_both_gpus_together():
     cell = SplitCell()
-    meter = EnergyMeter(nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), cell.nvml))
-    meter.start()
-    phase = measure_phase(
-        meter.each(cell.call),
-        lambda _: TokenTimes(1.0, [1.0], 2.0),
-        guarded(repeats=2, max_discarded=1),
-        ScriptedMeter([BUSY, QUIET, QUIET]),  # the first call discarded, one pause, two kept
-        meter.paused(cell.sleep),
-    )
-    energy = phase_energy(meter, phase, lambda ids: ids.numel())
+    counter = nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), cell.nvml)
+    host = ScriptedMeter([BUSY, QUIET, QUIET])  # the first call discarded, one pause, two kept
+    meters = phase_meters(counter, host, cell.sleep)
+    rules = guarded(repeats=2, max_discarded=1)
+    energy = meters.measure(cell.call, lambda _: TokenTimes(1.0, [1.0], 2.0), lambda ids: ids.numel(), rules).energy
     # 3 calls x (300 + 100) J over 3 x 128 tokens; the pause's 60 J left out
     assert energy.joules_per_gpu == (900.0, 300.0)
     assert energy.tokens == 3 * 128
@@ -173,11 +185,9 @@ def test_each_repeats_own_figure_follows_what_it_drew():
         gpu.mj += next(draws)
         return torch.zeros(4, 32, dtype=torch.long)
 
-    meter = EnergyMeter(gpu.read)
-    meter.start()
     rules = guarded(repeats=2, max_discarded=0)
-    phase = measure_phase(meter.each(call), lambda _: TokenTimes(1.0, [1.0], 2.0), rules, ScriptedMeter([QUIET] * 2))
-    energy = phase_energy(meter, phase, lambda ids: ids.numel())
+    meters = phase_meters(gpu.read, ScriptedMeter([QUIET] * 2))
+    energy = meters.measure(call, lambda _: TokenTimes(1.0, [1.0], 2.0), lambda ids: ids.numel(), rules).energy
     assert energy.joules_per_token_each == pytest.approx((300 / 128, 600 / 128))
     assert energy.joules_per_token == pytest.approx(900 / 256)
 

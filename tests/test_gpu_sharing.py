@@ -22,7 +22,7 @@ def verdict_after(*lists: list[int] | None, own_pid: int = 42) -> str:
     probe = probe_seeing(*lists, own_pid=own_pid)
     for _ in lists:
         probe.check()
-    return probe.verdict
+    return probe.found().verdict
 
 
 def test_other_processes_exclude_ours_and_handle_pid_namespaces():
@@ -34,10 +34,10 @@ def test_other_processes_exclude_ours_and_handle_pid_namespaces():
 def test_contended_when_any_check_saw_someone_else():
     lists = iter([[42], [42, 77]])
     probe = SharingProbe(["GPU-abc"], lister=lambda uuid: next(lists), own_pid=42)
-    probe.check()
-    assert probe.verdict == "false"
-    probe.check()
-    assert probe.verdict == "true" and probe.seen == {77}
+    probe.start()  # a phase meter: one check before the measured phase (no wait asked for)...
+    assert probe.found().verdict == "false"
+    found = probe.stop()  # ...and one after it
+    assert found.verdict == "true" and found.seen == {77}
 
 
 def test_an_empty_process_list_on_our_own_gpu_is_unknown_not_alone():
@@ -54,9 +54,9 @@ def test_in_a_container_one_unknown_pid_is_taken_to_be_ours():
 
 
 def test_without_nvml_the_answer_is_unknown():
-    assert SharingProbe(()).verdict == "unknown"  # not on CUDA: no GPU to ask about
+    assert SharingProbe(()).found().verdict == "unknown"  # not on CUDA: no GPU to ask about
     probe = SharingProbe(["GPU-abc"], lister=lambda uuid: None)
-    assert probe.check() is None and probe.verdict == "unknown"
+    assert probe.check() is None and probe.found().verdict == "unknown"
     assert nvml_processes("GPU-does-not-exist") is None  # no driver on this machine: quietly None
 
 
@@ -88,26 +88,27 @@ def test_a_split_cell_sees_another_process_on_its_second_gpu():
     nvml = split_cell(second_pids=[77])
     probe = SharingProbe(["GPU-a", "GPU-b"], lister=lambda uuid: nvml_processes(uuid, nvml), own_pid=42)
     assert probe.check() == [77]
-    assert probe.verdict == "true" and probe.seen == {77}
-    assert gpu_verdict(probe.verdict, probe.seen_on) == ("true", "gpu pids 77 on GPU-b")  # which GPU, named
-    assert probe.record() == {"gpu_sharing": "GPU-a alone, GPU-b pids 77", "gpu_other_pids": "77"}
+    found = probe.found()
+    assert found.verdict == "true" and found.seen == {77}
+    assert gpu_verdict(found.verdict, found.seen_on) == ("true", "gpu pids 77 on GPU-b")  # which GPU, named
+    assert found.record() == {"gpu_sharing": "GPU-a alone, GPU-b pids 77", "gpu_other_pids": "77"}
 
 
 def test_a_split_cell_alone_on_both_gpus_is_alone_and_says_so_for_each():
     nvml = split_cell(second_pids=[])
     probe = SharingProbe(["GPU-a", "GPU-b"], lister=lambda uuid: nvml_processes(uuid, nvml), own_pid=42)
-    probe.check()
-    probe.check()
-    assert probe.verdict == "false"
-    assert probe.record() == {"gpu_sharing": "GPU-a alone, GPU-b alone"}
+    probe.start()
+    found = probe.stop()
+    assert found.verdict == "false"
+    assert found.record() == {"gpu_sharing": "GPU-a alone, GPU-b alone"}
 
 
 def test_a_second_gpu_nvml_cannot_read_makes_the_split_cell_unknown():
     answers = {"GPU-a": [42], "GPU-b": None}
     probe = SharingProbe(["GPU-a", "GPU-b"], lister=answers.get, own_pid=42)
     assert probe.check() is None
-    assert probe.verdict == "unknown"
-    assert probe.record() == {"gpu_sharing": "GPU-a alone, GPU-b unknown"}
+    assert probe.found().verdict == "unknown"
+    assert probe.found().record() == {"gpu_sharing": "GPU-a alone, GPU-b unknown"}
 
 
 def test_one_gpus_evidence_reads_as_before_and_two_name_theirs():

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from kvsweep.measure import peak_memory
 from kvsweep.measure.kv_reading import cache_bytes
-from kvsweep.measure.peak_memory import track_peak_memory
+from kvsweep.measure.peak_memory import PeakMemoryMeter
 from kvsweep.measure.statistics import median, percentile
 from kvsweep.measure.timing import TokenTimes
 from kvsweep.redact import redact_uri
@@ -29,13 +30,28 @@ def test_token_times_from_clock():
 
 def test_host_peak_sees_a_transient_allocation():
     size = 256 * 1024 * 1024
-    with track_peak_memory(None) as before:
-        pass
-    with track_peak_memory(None) as peak:
-        block = torch.ones(size // 4, dtype=torch.float32)
-        del block
+    meter = PeakMemoryMeter(None)
+    meter.start()
+    before = meter.stop()
+    meter.start()
+    block = torch.ones(size // 4, dtype=torch.float32)
+    del block
+    peak = meter.stop()
     assert peak.host_rss_bytes - before.host_rss_bytes > 0.9 * size
     assert peak.device_bytes is None
+
+
+def test_where_the_kernels_mark_cannot_be_reset_a_sampling_thread_stands_in_and_says_so(monkeypatch):
+    monkeypatch.setattr(peak_memory, "reset_host_peak", lambda: "clear_refs refused (PermissionError)")
+    meter = PeakMemoryMeter(None)
+    meter.start()
+    peak = meter.stop()
+    assert peak.host_method == "sampled every 2 ms (clear_refs refused (PermissionError))"
+    assert peak.host_rss_bytes > 0 and meter.sampler is None
+    meter.start()  # a call that raises is never read: its sampling thread still ends
+    thread = meter.sampler.thread
+    meter.abandon()
+    assert not thread.is_alive() and meter.sampler is None
 
 
 class _Layer:

@@ -17,7 +17,7 @@ from kvsweep.caches import get_strategy
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.measure.peak_memory import HWM, track_peak_memory
+from kvsweep.measure.peak_memory import HWM, PeakMemoryMeter
 
 MIB = 1 << 20
 PROTO = MeasureProtocol.exact(warmup=1, repeats=12, seed=0, device="cpu", threads=1).to_dict()
@@ -134,9 +134,10 @@ def test_the_fake_allocator_would_see_kept_caches():
     model = DeviceModel(allocator)
     kept, peaks = [], []
     config = SimpleNamespace(max_new_tokens=2)
+    meter = PeakMemoryMeter(allocator)
     for _ in range(3):
-        with track_peak_memory(allocator) as peak:
-            kept.append(model.generate(torch.zeros(1, 4, dtype=torch.long), None, config, lambda ids, s: s))
-        peaks.append(peak.device_bytes)
+        meter.start()
+        kept.append(model.generate(torch.zeros(1, 4, dtype=torch.long), None, config, lambda ids, s: s))
+        peaks.append(meter.stop().device_bytes)
     step = DeviceModel.CACHE + DeviceModel.LOGITS
     assert peaks == [DeviceModel.WEIGHTS + step * k for k in (1, 2, 3)]

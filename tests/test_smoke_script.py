@@ -851,19 +851,18 @@ def test_a_split_cell_whose_memory_limit_capped_one_gpu_fails_the_summary(tmp_pa
 def split_cell_record(second_energy: bool = True, second_probed: bool = True, joules: float | None = None):
     """A cell of the two-GPU sweep, its energy and sharing records made by the cell's own code on NVML's
     stand-in: the measured phase draws 300 J on the first GPU and 100 J on the second over 1,600 tokens."""
-    from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter
+    from kvsweep.measure.energy import EnergyMeter, EnergyReads, nvml_energy_counter, per_token
     from kvsweep.measure.gpu_sharing import SharingProbe, nvml_processes
 
     gpus = [FakeGpu("GPU-a", pids=[42]), FakeGpu("GPU-b", pids=[42])]
     nvml = FakeNvml(gpus)
-    meter = EnergyMeter(nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), nvml))
+    meter = EnergyMeter(EnergyReads(nvml_energy_counter("cuda", ("GPU-a", "GPU-b"), nvml)))
     meter.start()
     gpus[0].energy_mj += 300_000
     gpus[1].energy_mj += 100_000 if second_energy else 0
-    energy = meter.per_token(1600)
+    energy = per_token(meter.stop(), 1600)
     probe = SharingProbe(["GPU-a", "GPU-b"] if second_probed else ["GPU-a"], lambda u: nvml_processes(u, nvml), 42)
-    probe.check()
-    result = from_cell(cell(), gpu_uuids="GPU-a,GPU-b", **probe.record())
+    result = from_cell(cell(), gpu_uuids="GPU-a,GPU-b", **probe.stop().record())
     result.tags[ResultTag.PLACEMENT] = "0-14 | 15-29"
     result.tags[ResultTag.MEMORY_LIMIT] = memory_limit_tag(gpus=2)
     result.metrics[Metric.JOULES_PER_TOKEN] = energy.joules_per_token if joules is None else joules

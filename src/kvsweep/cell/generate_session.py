@@ -23,7 +23,7 @@ from kvsweep.caches import CacheStrategy
 from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
 from kvsweep.measure.kv_reading import KvBytes, cache_bytes
-from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, track_peak_memory
+from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, PeakMemoryMeter
 from kvsweep.measure.timing import TokenClock, TokenTimes
 from kvsweep.testing.fault_kinds import Fault
 from kvsweep.testing.faults import InjectFault
@@ -62,6 +62,7 @@ class GenerateSession:
         self.cuda = device == "cuda"
         self.device_memory = device_memory or (CudaMemory() if self.cuda else None)
         self.clock = TokenClock(sync=self.device_memory.synchronize if self.device_memory else None)
+        self.peak_memory = PeakMemoryMeter(self.device_memory)  # around `generate` alone, inside the clock's call
         processors: list[Any] = [self.clock]
         if fault is not None:  # a `slow` sleep goes before the clock: every token, the first too, pays it
             processors.insert(0 if fault.kind == "slow" else 1, InjectFault(fault))
@@ -151,10 +152,15 @@ class GenerateSession:
     @torch.inference_mode()
     def call(self, strategy: CacheStrategy) -> MeasuredCall:
         config = self.generation_config(strategy, own_cache=self.keeps_cache(strategy))  # host work, untimed
-        with track_peak_memory(self.device_memory) as peak:
+        self.peak_memory.start()
+        try:
             self.clock.start()
             out = self._generate(strategy, config, self.processors)
             end_ns = self.clock.stop()
+        except BaseException:
+            self.peak_memory.abandon()
+            raise
+        peak = self.peak_memory.stop()
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
         new_tokens = out.sequences[:, self.inputs.shape[1] :]
         if new_tokens.shape[1] != self.cell.max_new_tokens:

@@ -19,7 +19,7 @@ from kvsweep.measure.bandwidth import Bandwidth
 from kvsweep.measure.contention import CallContention, HostEvidence, gpu_verdict, merge
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.energy import Energy
-from kvsweep.measure.gpu_sharing import SharingProbe
+from kvsweep.measure.gpu_sharing import GpuSharing
 from kvsweep.measure.sampling import MeasuredPhase
 from kvsweep.measure.summary import summarize_runs
 from kvsweep.models.shape import KvShape
@@ -82,7 +82,7 @@ def numbers_found(
     return ResultPart(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
 
 
-def noise_found(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: SharingProbe | None) -> ResultPart:
+def noise_found(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: GpuSharing | None) -> ResultPart:
     """One contention verdict from the host's counters and (CUDA) NVML, the shares, the precision target."""
     gpu_seen = gpu_verdict(gpu.verdict, gpu.seen_on) if gpu is not None else None
     contended, contention = merge(host.verdict(), gpu_seen)

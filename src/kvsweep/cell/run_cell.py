@@ -1,7 +1,8 @@
 """Measure one cell inside its actor: load, cold call, warmups, measured repeats, checks, baseline.
 
 Returns a plain `CellResult`; never touches MLflow. The model comes from `model_load.py`, the calls from
-`generate_session.py`, what each step found from `result_parts.py`, the checks of what ran from `checks.py`.
+`generate_session.py`, the meters around the measured phase from `measure/phase_meters.py`, what each step
+found from `result_parts.py`, the checks of what ran from `checks.py`.
 """
 
 import contextlib
@@ -29,10 +30,10 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
 from kvsweep.measure.bandwidth import device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import HostEvidence, HostMeter
-from kvsweep.measure.energy import EnergyMeter, nvml_energy_counter, phase_energy
+from kvsweep.measure.energy import nvml_energy_counter
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.peak_memory import CudaMemory
-from kvsweep.measure.sampling import measure_phase
+from kvsweep.measure.phase_meters import PhaseMeters
 from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
 from kvsweep.models.resolve import classify
@@ -174,30 +175,30 @@ def _measure(
     for _ in range(protocol.measure.warmup):
         session.call(strategy)
     on_phase("measuring")
-    sharing = SharingProbe(recorded_gpu_uuids(result.environment))  # each of the cell's GPUs
-    sharing.wait_until_alone(protocol.measure.wait_for_idle_gpu_s)
-    sharing.check()  # before and after the measured phase
+    gpu_uuids = recorded_gpu_uuids(result.environment)  # each of the cell's GPUs
     niceness = int(result.environment.get("niceness", 0))
-    compiled_before = compile_events() if cell.compile else 0
-    energy = EnergyMeter(nvml_energy_counter(device, recorded_gpu_uuids(result.environment)))  # summed over them
-    energy.start()
-    phase = measure_phase(
-        energy.each(lambda: session.call(strategy)),
-        lambda c: c.times,
-        protocol.measure,
+    meters = PhaseMeters(
+        SharingProbe(gpu_uuids, wait_for_idle_s=protocol.measure.wait_for_idle_gpu_s),
+        nvml_energy_counter(device, gpu_uuids),  # summed over them
         HostMeter(),
-        energy.paused(time.sleep),
+    )
+    compiled_before = compile_events() if cell.compile else 0
+    metered = meters.measure(
+        lambda: session.call(strategy),
+        lambda c: c.times,
+        lambda c: c.new_tokens.numel(),
+        protocol.measure,
         max_contention=0.0 if niceness > 0 else None,  # a niced process yields to anyone: it tolerates no one
     )
-    write_part(result, energy_found(phase_energy(energy, phase, lambda c: c.new_tokens.numel())))
+    phase = metered.phase
+    write_part(result, energy_found(metered.energy))
     recaptures = compile_events() - compiled_before if cell.compile else 0
     skips = cudagraph_skips() - skips_before if cell.compile else 0
-    sharing.check()
     on_phase("measured")
     for sample in phase.kept:
         check_cache(strategy, sample.call, cell)
     host = HostEvidence([s.contention for s in phase.kept], protocol.measure.max_host_contention, niceness)
-    write_part(result, noise_found(phase, host, sharing if session_on_cuda(device) else None))
+    write_part(result, noise_found(phase, host, metered.gpus if session_on_cuda(device) else None))
     checked_at = time.perf_counter()
     new_tokens = phase.kept[-1].call.new_tokens
     quality = quality_or_nothing(session, strategy, new_tokens, model.config.vocab_size, feed, protocol.measure.seed)

@@ -98,7 +98,8 @@ def read_counters(cpus: Iterable[int], path: str = PROC_STAT) -> CpuCounters | N
 
 
 class HostMeter:
-    """Brackets one call: `start()` before it, `stop()` after; `stop()` returns None when it cannot tell.
+    """A call meter (`Meter[CallContention | None]`, `meter.py`): `start()` before the call, `stop()` after;
+    `stop()` returns None when it cannot tell.
 
     `path` is the seam for a host without `/proc/stat`; `own_cpu` is this process's CPU time.
     """

@@ -4,9 +4,10 @@ Each of the cell's GPUs has a counter (millijoules since the driver loaded; Volt
 over two GPUs draws power on both, so the cell's energy is their sum. The counters are read before and
 after the measured phase; every measured call consumed energy, kept or discarded, so the energy is divided
 by the tokens they all generated. The pauses `measure_phase` takes after a discarded call are not calls:
-their energy is read apart and left out. Each call is also read on its own (`each`), for the spread of
+their energy is read apart and left out. Each call is also read on its own, for the spread of
 joules per token between repeats: a short call may fall between two updates of a counter. A counter is the
 whole GPU's: another process on it adds its share (the cell's contention tag says whether one was seen).
+Every one of these readings is an `EnergyMeter` (`meter.py`'s shape); `phase_meters.py` places them.
 
 Where it cannot be read (a CPU cell, no pynvml, NVML that cannot start, a GPU without the counter, no NVML
 handle for a GPU's UUID), the answer is why, never a number.
@@ -81,22 +82,20 @@ def nvml_energy_counter(device: str, gpu_uuids: Sequence[str], nvml: Any = None)
     return lambda: tuple(int(nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in handles)
 
 
-class EnergyMeter:
-    """Brackets the measured phase: `start`, the phase (its calls through `each`, sleeping through `paused`),
-    then `per_token`.
+class EnergyReads:
+    """The counter read safely by every energy meter of one phase: a reading that fails is kept as the reason,
+    and every later read gives nothing, so one failure makes the phase's answer unknown, never the cell an
+    error.
 
     `counter` is NVML's (`nvml_energy_counter`) or any function returning each GPU's millijoules; a string
-    is why there is no counter. A reading that fails makes the answer unknown, never the cell an error.
+    is why there is no counter.
     """
 
     def __init__(self, counter: EnergyCounter | str) -> None:
         self.counter = counter
-        self.started_mj: tuple[int, ...] | None = None
-        self.paused_mj: tuple[int, ...] = ()
-        self.calls: list[tuple[Any, int | None]] = []  # each call's result and the cell's energy it took
         self.failed: str | None = counter if isinstance(counter, str) else None
 
-    def _read(self) -> tuple[int, ...] | None:
+    def read(self) -> tuple[int, ...] | None:
         if self.failed is not None or isinstance(self.counter, str):
             return None
         try:
@@ -105,69 +104,83 @@ class EnergyMeter:
             self.failed = f"the energy counter failed: {type(exc).__name__}: {exc}"
             return None
 
+
+@dataclass(frozen=True)
+class EnergySpan:
+    """Each GPU's counter at a meter's start and at its stop (None: not read), and the counter's first
+    failure as of the stop."""
+
+    before: tuple[int, ...] | None
+    after: tuple[int, ...] | None
+    failed: str | None = None
+
+    @property
+    def spent_mj(self) -> int | None:
+        """The cell's millijoules over the span, summed over its GPUs; None when either end was not read."""
+        return sum(self.after) - sum(self.before) if self.before is not None and self.after is not None else None
+
+
+class EnergyMeter:
+    """A meter of the counter (`Meter[EnergySpan]`): the whole phase, one call, or one pause; the meters of
+    one phase share their `EnergyReads`, and so its first failure."""
+
+    def __init__(self, reads: EnergyReads) -> None:
+        self.reads = reads
+        self.before: tuple[int, ...] | None = None
+
     def start(self) -> None:
-        self.started_mj = self._read()
-        self.paused_mj = tuple(0 for _ in self.started_mj or ())
+        self.before = self.reads.read()
 
-    def each(self, call: Callable[[], T]) -> Callable[[], T]:
-        """`call` with the energy it spans read apart (`measure_phase`'s call), for each repeat's own figure."""
-
-        def metered() -> T:
-            before = self._read()
-            result = call()
-            after = self._read()
-            spent = sum(after) - sum(before) if before is not None and after is not None else None
-            self.calls.append((result, spent))
-            return result
-
-        return metered
-
-    def paused(self, sleep: Callable[[float], None]) -> Callable[[float], None]:
-        """`sleep` with the energy it spans read apart, to leave out of the phase's (`measure_phase`'s seam)."""
-
-        def sleep_apart(seconds: float) -> None:
-            before = self._read()
-            sleep(seconds)
-            after = self._read()
-            if before is not None and after is not None and len(after) == len(self.paused_mj):
-                self.paused_mj = tuple(p + a - b for p, a, b in zip(self.paused_mj, after, before, strict=True))
-
-        return sleep_apart
-
-    def per_token(self, tokens: int) -> Energy:
-        """Joules per token since `start`, less the pauses, summed over the GPUs; or why not."""
-        ended_mj = self._read()
-        if self.failed is not None:
-            return Energy(unknown=self.failed)
-        if self.started_mj is None or ended_mj is None:
-            return Energy(unknown="the energy counter was not read before the measured phase")
-        if any(e < s for e, s in zip(ended_mj, self.started_mj, strict=True)):
-            then = f"{_mj(self.started_mj)} mJ, then {_mj(ended_mj)} mJ"
-            return Energy(unknown=f"the energy counter went backwards ({then})")
-        if tokens <= 0:
-            return Energy(unknown="the measured calls generated no tokens")
-        spent = [e - s - p for e, s, p in zip(ended_mj, self.started_mj, self.paused_mj, strict=True)]
-        return Energy(sum(spent) / 1000 / tokens, joules_per_gpu=tuple(mj / 1000 for mj in spent), tokens=tokens)
-
-    def each_per_token(self, kept: Sequence[Any], tokens_of: Callable[[Any], int]) -> tuple[float, ...]:
-        """Each kept call's own joules per token, in their order; none when any could not be read."""
-        spent = {id(result): mj for result, mj in self.calls}
-        figures = []
-        for call in kept:
-            mj, tokens = spent.get(id(call)), tokens_of(call)
-            if mj is None or tokens <= 0:
-                return ()
-            figures.append(mj / 1000 / tokens)
-        return tuple(figures)
+    def stop(self) -> EnergySpan:
+        after = self.reads.read()
+        return EnergySpan(self.before, after, self.reads.failed)
 
 
-def phase_energy(meter: EnergyMeter, phase: MeasuredPhase[T], tokens_of: Callable[[T], int]) -> Energy:
-    """The measured phase's figure (`per_token` over every measured call's tokens) with each kept call's own."""
-    energy = meter.per_token(phase_tokens(phase, tokens_of))
+def per_token(whole: EnergySpan, tokens: int, pauses: Sequence[EnergySpan] = ()) -> Energy:
+    """Joules per token over the phase's span, less the `pauses` read apart, summed over the GPUs; or why not."""
+    started, ended = whole.before, whole.after
+    if whole.failed is not None:
+        return Energy(unknown=whole.failed)
+    if started is None or ended is None:
+        return Energy(unknown="the energy counter was not read before the measured phase")
+    if any(e < s for e, s in zip(ended, started, strict=True)):
+        return Energy(unknown=f"the energy counter went backwards ({_mj(started)} mJ, then {_mj(ended)} mJ)")
+    if tokens <= 0:
+        return Energy(unknown="the measured calls generated no tokens")
+    paused = [0] * len(started)
+    for pause in pauses:
+        if pause.before is not None and pause.after is not None and len(pause.after) == len(started):
+            paused = [p + a - b for p, a, b in zip(paused, pause.after, pause.before, strict=True)]
+    spent = [e - s - p for e, s, p in zip(ended, started, paused, strict=True)]
+    return Energy(sum(spent) / 1000 / tokens, joules_per_gpu=tuple(mj / 1000 for mj in spent), tokens=tokens)
+
+
+def phase_energy(
+    whole: EnergySpan,
+    pauses: Sequence[EnergySpan],
+    kept_calls: Sequence[EnergySpan],
+    phase: MeasuredPhase[T],
+    tokens_of: Callable[[T], int],
+) -> Energy:
+    """The measured phase's figure (`per_token` over every measured call's tokens) with each kept call's own.
+
+    `kept_calls`: each kept call's own span, in the order of `phase.kept`.
+    """
+    energy = per_token(whole, phase_tokens(phase, tokens_of), pauses)
     if energy.joules_per_token is None:
         return energy
-    each = meter.each_per_token([sample.call for sample in phase.kept], tokens_of)
+    each = each_per_token(kept_calls, [tokens_of(sample.call) for sample in phase.kept])
     return Energy(energy.joules_per_token, None, energy.joules_per_gpu, energy.tokens, each)
+
+
+def each_per_token(calls: Sequence[EnergySpan], tokens: Sequence[int]) -> tuple[float, ...]:
+    """Each call's own joules per token, in their order; none when any could not be read."""
+    figures = []
+    for span, generated in zip(calls, tokens, strict=True):
+        if span.spent_mj is None or generated <= 0:
+            return ()
+        figures.append(span.spent_mj / 1000 / generated)
+    return tuple(figures)
 
 
 def _mj(readings: Sequence[int]) -> str:

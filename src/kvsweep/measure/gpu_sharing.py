@@ -50,53 +50,17 @@ def others(pids: list[int], own_pid: int) -> list[int] | None:
     return sorted(pids)[1:]  # PID namespace: one of them is us
 
 
-@dataclass
-class SharingProbe:
-    """Checks each of the cell's GPUs before and after the measured phase; a cell is contended if any
-    check saw another process on any of them.
+@dataclass(frozen=True)
+class GpuSharing:
+    """What the checks of the cell's GPUs found: each GPU's other processes, and the GPUs a check could not
+    read. A cell is contended if any check saw another process on any of them.
 
     `gpu_uuids`: the cell's GPUs in its device order (none: not on CUDA, the verdict is unknown).
-    Ask only while this process holds a CUDA context on every one (see the module docstring).
     """
 
-    gpu_uuids: Sequence[str]
-    lister: ProcessLister = nvml_processes
-    own_pid: int = field(default_factory=os.getpid)
-    seen_on: dict[str, set[int]] = field(init=False)  # each GPU's other processes seen so far
-    blind_on: set[str] = field(init=False, default_factory=set)  # GPUs a check could not read
-
-    def __post_init__(self) -> None:
-        self.gpu_uuids = tuple(self.gpu_uuids)
-        self.seen_on = {uuid: set() for uuid in self.gpu_uuids}
-
-    def _others(self) -> dict[str, list[int] | None]:
-        found = {}
-        for uuid in self.gpu_uuids:
-            pids = self.lister(uuid)
-            found[uuid] = None if pids is None else others(pids, self.own_pid)
-        return found
-
-    def check(self) -> list[int] | None:
-        """Other processes seen now on any of the GPUs, or None when a GPU could not be read this time
-        (the verdict becomes unknown unless another process is seen)."""
-        found = self._others()
-        for uuid, pids in found.items():
-            if pids is None:
-                self.blind_on.add(uuid)
-            else:
-                self.seen_on[uuid].update(pids)
-        if any(pids is None for pids in found.values()):
-            return None
-        return sorted({pid for pids in found.values() for pid in pids or ()})
-
-    def wait_until_alone(self, timeout_s: float, poll_s: float = 1.0) -> None:
-        """Wait (up to timeout_s) for other processes to leave the GPUs before measuring; no wait for a GPU
-        whose processes NVML cannot tell."""
-        deadline = time.monotonic() + timeout_s
-        while timeout_s > 0:
-            if not any(self._others().values()) or time.monotonic() >= deadline:
-                return
-            time.sleep(poll_s)
+    gpu_uuids: tuple[str, ...] = ()
+    seen_on: dict[str, frozenset[int]] = field(default_factory=dict)
+    blind_on: frozenset[str] = frozenset()
 
     @property
     def seen(self) -> set[int]:
@@ -133,3 +97,66 @@ class SharingProbe:
         if state == CONTENDED:
             return "pids " + ",".join(map(str, sorted(self.seen_on[uuid])))
         return "alone" if state == ALONE else "unknown"
+
+
+@dataclass
+class SharingProbe:
+    """The phase meter of the cell's GPUs (`Meter[GpuSharing]`): `start` waits up to `wait_for_idle_s` for
+    other processes to leave, then checks each GPU; `stop` checks again and returns what every check found.
+
+    `gpu_uuids`: the cell's GPUs in its device order (none: not on CUDA, the verdict is unknown).
+    Ask only while this process holds a CUDA context on every one (see the module docstring).
+    """
+
+    gpu_uuids: Sequence[str]
+    lister: ProcessLister = nvml_processes
+    own_pid: int = field(default_factory=os.getpid)
+    wait_for_idle_s: float = 0.0
+    seen_on: dict[str, set[int]] = field(init=False)  # each GPU's other processes seen so far
+    blind_on: set[str] = field(init=False, default_factory=set)  # GPUs a check could not read
+
+    def __post_init__(self) -> None:
+        self.gpu_uuids = tuple(self.gpu_uuids)
+        self.seen_on = {uuid: set() for uuid in self.gpu_uuids}
+
+    def start(self) -> None:
+        self.wait_until_alone(self.wait_for_idle_s)
+        self.check()
+
+    def stop(self) -> GpuSharing:
+        self.check()
+        return self.found()
+
+    def found(self) -> GpuSharing:
+        """What the checks so far found."""
+        seen_on = {uuid: frozenset(pids) for uuid, pids in self.seen_on.items()}
+        return GpuSharing(tuple(self.gpu_uuids), seen_on, frozenset(self.blind_on))
+
+    def _others(self) -> dict[str, list[int] | None]:
+        found = {}
+        for uuid in self.gpu_uuids:
+            pids = self.lister(uuid)
+            found[uuid] = None if pids is None else others(pids, self.own_pid)
+        return found
+
+    def check(self) -> list[int] | None:
+        """Other processes seen now on any of the GPUs, or None when a GPU could not be read this time
+        (the verdict becomes unknown unless another process is seen)."""
+        found = self._others()
+        for uuid, pids in found.items():
+            if pids is None:
+                self.blind_on.add(uuid)
+            else:
+                self.seen_on[uuid].update(pids)
+        if any(pids is None for pids in found.values()):
+            return None
+        return sorted({pid for pids in found.values() for pid in pids or ()})
+
+    def wait_until_alone(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Wait (up to timeout_s) for other processes to leave the GPUs before measuring; no wait for a GPU
+        whose processes NVML cannot tell."""
+        deadline = time.monotonic() + timeout_s
+        while timeout_s > 0:
+            if not any(self._others().values()) or time.monotonic() >= deadline:
+                return
+            time.sleep(poll_s)

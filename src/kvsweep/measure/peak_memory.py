@@ -1,6 +1,6 @@
 """Peak memory of one measured call: device (the accelerator's allocator) and host (resident set).
 
-Both peaks are the peak of *this* call: the tracker resets each high-water mark right before the
+Both peaks are the peak of *this* call: the meter (`PeakMemoryMeter`) resets each high-water mark right before the
 call, and the caller makes sure nothing of an earlier call (cache, outputs, logits) is still alive
 then — otherwise the reset starts from what earlier calls left and every repeat reports more.
 
@@ -15,8 +15,6 @@ cache as it was.
 
 import re
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,7 +31,7 @@ SAMPLED = "sampled"
 
 
 class DeviceMemory(Protocol):
-    """The accelerator's allocator, as the tracker needs it (CUDA in production, a fake in tests)."""
+    """The accelerator's allocator, as the meter needs it (CUDA in production, a fake in tests)."""
 
     def synchronize(self) -> None: ...
 
@@ -70,7 +68,7 @@ class CudaMemory:
         return max(self.peaks())
 
 
-@dataclass
+@dataclass(frozen=True)
 class PeakMemory:
     host_rss_bytes: int = 0
     device_bytes: int | None = None  # None without an accelerator; over several GPUs, the largest
@@ -105,44 +103,68 @@ def reset_host_peak() -> str | None:
     return None
 
 
-@contextmanager
-def track_peak_memory(device: DeviceMemory | None) -> Iterator[PeakMemory]:
-    peak = PeakMemory()
-    if device is not None:
-        device.synchronize()
-        device.reset_peak()
-    problem = reset_host_peak()
-    if problem is None:
-        yield peak
-        status = _read_status()
-        peak.host_rss_bytes = status[0] if status else 0
-    else:
-        peak.host_method = f"{SAMPLED} every {SAMPLE_INTERVAL_S * 1e3:g} ms ({problem})"
-        with _sample_rss() as sampled:
-            yield peak
-        peak.host_rss_bytes = sampled[0]
-    if device is not None:
-        device.synchronize()
-        peak.device_bytes = device.peak_bytes()
-        if isinstance(device, CudaMemory) and device.gpus > 1:
-            peak.device_bytes_each = device.peaks()
+class PeakMemoryMeter:
+    """The call meter of peak memory (`Meter[PeakMemory]`): `start` resets the high-water marks right before
+    the call, `stop` reads them after it. `device`: the accelerator's allocator (None: host only).
+
+    A call that raises is never read: `abandon` then ends the sampling thread, if one stands in.
+    """
+
+    def __init__(self, device: DeviceMemory | None) -> None:
+        self.device = device
+        self.sampler: RssSampler | None = None
+        self.host_method = HWM
+
+    def start(self) -> None:
+        if self.device is not None:
+            self.device.synchronize()
+            self.device.reset_peak()
+        problem = reset_host_peak()
+        self.sampler, self.host_method = None, HWM
+        if problem is not None:
+            self.host_method = f"{SAMPLED} every {SAMPLE_INTERVAL_S * 1e3:g} ms ({problem})"
+            self.sampler = RssSampler()
+            self.sampler.start()
+
+    def stop(self) -> PeakMemory:
+        if self.sampler is None:
+            status = _read_status()
+            host = status[0] if status else 0
+        else:
+            host, self.sampler = self.sampler.stop(), None
+        if self.device is None:
+            return PeakMemory(host, host_method=self.host_method)
+        self.device.synchronize()
+        largest = self.device.peak_bytes()
+        each = self.device.peaks() if isinstance(self.device, CudaMemory) and self.device.gpus > 1 else None
+        return PeakMemory(host, largest, each, self.host_method)
+
+    def abandon(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
 
 
-@contextmanager
-def _sample_rss() -> Iterator[list[int]]:
-    process = psutil.Process()
-    best = [process.memory_info().rss]
-    done = threading.Event()
+class RssSampler:
+    """The stand-in for the kernel's mark (`Meter[int]`): a thread samples the resident set every
+    `SAMPLE_INTERVAL_S` from `start` to `stop`, which returns the largest seen, in bytes."""
 
-    def sample() -> None:
-        while not done.wait(SAMPLE_INTERVAL_S):
-            best[0] = max(best[0], process.memory_info().rss)
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.best = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
 
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield best
-    finally:
-        done.set()
-        thread.join()
-        best[0] = max(best[0], process.memory_info().rss)
+    def _sample(self) -> None:
+        while not self.done.wait(SAMPLE_INTERVAL_S):
+            self.best = max(self.best, self.process.memory_info().rss)
+
+    def start(self) -> None:
+        self.best = self.process.memory_info().rss
+        self.thread.start()
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        self.best = max(self.best, self.process.memory_info().rss)
+        return self.best

@@ -13,22 +13,17 @@ Rules, in order:
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.measure.contention import CallContention
+from kvsweep.measure.meter import Meter
 from kvsweep.measure.statistics import precise_enough
 from kvsweep.measure.timing import TokenTimes
 
 T = TypeVar("T")
-
-
-class CallMeter(Protocol):
-    """Brackets each call (`HostMeter` on a real host); None from `stop` means it could not tell."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> CallContention | None: ...
+# Brackets each call (`HostMeter` on a real host); None from `stop` means it could not tell.
+CallMeter = Meter[CallContention | None]
 
 
 @dataclass
