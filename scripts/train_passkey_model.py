@@ -26,9 +26,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, QuantizedCache
 
-from kvsweep.inputs.answers import answer_correct
 from kvsweep.inputs.filler import paragraph
-from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, needle
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, answer_correct, needle
 from kvsweep.inputs.prompts import Prompt, build_prompts
 from kvsweep.inputs.spec import PASSKEY, InputSpec
 

@@ -14,8 +14,7 @@ import shutil
 import pytest
 from mlflow import MlflowClient
 
-from kvsweep.capacity.frontier import SearchSettings, frontiers
-from kvsweep.capacity.probe_verdict import Slo
+from kvsweep.capacity.frontier import SearchSettings, Slo, frontiers
 from kvsweep.cli.report import capacity_context, rebuild_report
 from kvsweep.grid import Cell
 from kvsweep.names import CAPACITY_CSV, Metric, ResultTag, ci_high, ci_low

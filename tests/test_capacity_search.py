@@ -8,8 +8,19 @@ import math
 
 import pytest
 
-from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, frontier_of, frontiers
-from kvsweep.capacity.probe_verdict import MAX_BATCH, MEMORY, SLO_TPOT, UNFINISHED, Slo
+from kvsweep.capacity.frontier import (
+    BATCH,
+    CONTEXT,
+    MAX_BATCH,
+    MEMORY,
+    SLO_TPOT,
+    UNFINISHED,
+    FrontierKey,
+    SearchSettings,
+    Slo,
+    frontier_of,
+    frontiers,
+)
 from kvsweep.capacity.search_steps import Stepping, aim, crossing
 from kvsweep.config.compose import compose_config
 from kvsweep.driver.capacity_search import plan_searches

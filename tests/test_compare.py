@@ -9,8 +9,7 @@ import math
 import pytest
 
 from kvsweep.compare.comparison import CELL_METRIC, STATUS_METRIC, SweepSide, compare_sweeps
-from kvsweep.compare.judging import Thresholds, drift_thresholds, judge
-from kvsweep.compare.metrics import BY_NAME, interval
+from kvsweep.compare.judging import BY_NAME, Thresholds, drift_thresholds, interval, judge
 from kvsweep.compare.tables import header_lines, ordered
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell

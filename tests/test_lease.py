@@ -21,8 +21,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.testing.testing_config import seams_from
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import SweepHeader
-from kvsweep.tracking.lease import LeaseTimes, lease_tags
-from kvsweep.tracking.lease_owner import LeaseHeld, Owner
+from kvsweep.tracking.lease import LeaseHeld, LeaseTimes, Owner, lease_tags
 from kvsweep.tracking.take_parent import goes_on, take_parent
 
 KEY = "key-lease"

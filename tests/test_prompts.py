@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-from kvsweep.inputs.answers import answer_correct, exact_match
 from kvsweep.inputs.filler import FORBIDDEN_WORDS, paragraph
-from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, key_found
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, answer_correct, exact_match, key_found
 from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
 from kvsweep.inputs.spec import FILE, PASSKEY, PROMPTS_VERSION, InputSpec
 

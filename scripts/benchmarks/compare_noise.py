@@ -72,8 +72,7 @@ def _sides(scratch: Path) -> list:
 
 def run(quick: bool = False) -> Section:
     from kvsweep.compare.comparison import compare_sweeps
-    from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, Thresholds, change
-    from kvsweep.compare.metrics import BY_NAME
+    from kvsweep.compare.judging import BY_NAME, DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, Thresholds, change
 
     n = 2 if quick else 5
     scratch = WORK / "compare_noise"

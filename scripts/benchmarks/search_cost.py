@@ -115,8 +115,7 @@ def measured(quick: bool) -> tuple[list[str], dict[str, float]]:
 
 
 def planned() -> tuple[list[str], dict[str, float]]:
-    from kvsweep.capacity.frontier import FrontierKey
-    from kvsweep.capacity.probe_verdict import Slo
+    from kvsweep.capacity.frontier import FrontierKey, Slo
     from kvsweep.capacity.search_steps import Stepping, aim
     from kvsweep.config.compose import compose_config
     from kvsweep.driver.capacity_search import plan_searches

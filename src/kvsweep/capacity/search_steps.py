@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvsweep.capacity.probe_verdict import Slo, upper_end
+from kvsweep.capacity.frontier import Slo, upper_end
 from kvsweep.names import Metric
 from kvsweep.results import OK, CellResult
 

@@ -15,8 +15,7 @@ import torch
 from kvsweep.caches import CacheStrategy
 from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession
-from kvsweep.inputs.answers import answer_correct
-from kvsweep.inputs.passkey import answer_tokens
+from kvsweep.inputs.passkey import answer_correct, answer_tokens
 from kvsweep.inputs.prompts import Prompt
 from kvsweep.inputs.spec import PASSKEY
 from kvsweep.measure.statistics import exact_interval

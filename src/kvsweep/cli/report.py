@@ -106,8 +106,7 @@ def rebuild_report(
 def capacity_context(params: Mapping[str, str], gpu_hour_cost: float | None = None) -> "CapacityContext | None":
     """The capacity search a parent run's params (strings) describe; None when it searched nothing.
     A key the run lacks takes the schema's default; `gpu_hour_cost` (the flag) overrides `report.gpu_hour_cost`."""
-    from kvsweep.capacity.frontier import SearchSettings
-    from kvsweep.capacity.probe_verdict import Slo
+    from kvsweep.capacity.frontier import SearchSettings, Slo
     from kvsweep.config.schema import RayConfig, ReportConfig, SearchConfig, SloConfig
     from kvsweep.report.capacity_assessment import CapacityContext
 

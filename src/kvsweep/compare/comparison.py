@@ -10,8 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvsweep.compare.differences import Difference, environment_differences, protocol_differences
-from kvsweep.compare.judging import ADDED, REGRESSIONS, REMOVED, STATUS_CHANGED, Thresholds, judge
-from kvsweep.compare.metrics import COMPARED, interval, value
+from kvsweep.compare.judging import (
+    ADDED,
+    COMPARED,
+    REGRESSIONS,
+    REMOVED,
+    STATUS_CHANGED,
+    Thresholds,
+    interval,
+    judge,
+    value,
+)
 from kvsweep.grid import CELL_FIELDS, Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import OK, CellResult

@@ -10,6 +10,7 @@ from kvsweep.compare.comparison import CELL_METRIC, Comparison, Row, SweepSide
 from kvsweep.compare.differences import environment_same
 from kvsweep.compare.judging import (
     ADDED,
+    BY_NAME,
     CONTENDED,
     IMPROVEMENTS,
     REMOVED,
@@ -17,7 +18,6 @@ from kvsweep.compare.judging import (
     STATUS_CHANGED,
     WITHIN_NOISE,
 )
-from kvsweep.compare.metrics import BY_NAME
 from kvsweep.grid import cell_label
 from kvsweep.units import MIB
 

@@ -1,4 +1,6 @@
-"""Compose the sweep config with Hydra (primary config + `+sweep=NAME` + overrides) and validate it.
+"""Where conf/ and sweeps/ are: inside the installed package (wheel) or at the repo's top (checkout).
+
+Compose the sweep config with Hydra (primary config + `+sweep=NAME` + overrides) and validate it.
 
 Composition goes through Hydra's compose API rather than `@hydra.main` so every config mistake
 becomes one clear line and exit code 2 before Ray starts. The run folder follows `hydra.run.dir`
@@ -6,6 +8,7 @@ becomes one clear line and exit code 2 before Ray starts. The run folder follows
 """
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,12 +22,32 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from kvsweep.config.locations import conf_dir, sweep_dirs
 from kvsweep.config.schema import KvSweepConfig, register_schema
 from kvsweep.config.validate import validate
 from kvsweep.errors import ConfigError, first_line
 from kvsweep.redact import redact_text
 from kvsweep.testing.testing_config import Seams, seams_from
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+SWEEPS_PATH_ENV = "KVSWEEP_SWEEPS_PATH"
+
+
+def _first_existing(name: str) -> Path:
+    for candidate in (PACKAGE_DIR / name, PACKAGE_DIR.parents[1] / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"kvsweep's {name}/ folder is missing (looked in {PACKAGE_DIR} and the repo root)")
+
+
+def conf_dir() -> Path:
+    return _first_existing("conf")
+
+
+def sweep_dirs() -> list[Path]:
+    """Bundled sweeps first, then the user's folders from KVSWEEP_SWEEPS_PATH (later ones win)."""
+    extra = [Path(p).expanduser() for p in os.environ.get(SWEEPS_PATH_ENV, "").split(os.pathsep) if p]
+    return [_first_existing("sweeps"), *extra]
+
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"

@@ -8,8 +8,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from kvsweep.config.compose import DEFAULT_SWEEP, PRIMARY, compose_config, hydra_initialized, register_sweeps
-from kvsweep.config.locations import SWEEPS_PATH_ENV, conf_dir, sweep_dirs
+from kvsweep.config.compose import (
+    DEFAULT_SWEEP,
+    PRIMARY,
+    SWEEPS_PATH_ENV,
+    compose_config,
+    conf_dir,
+    hydra_initialized,
+    register_sweeps,
+    sweep_dirs,
+)
 from kvsweep.config.schema import register_schema
 from kvsweep.redact import redact_text
 

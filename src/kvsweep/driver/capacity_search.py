@@ -12,8 +12,17 @@ C and a context search at batch B meet at (C, B)) share one probe.
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from kvsweep.capacity.frontier import BATCH, CONTEXT, FrontierKey, SearchSettings, ceiling, unit
-from kvsweep.capacity.probe_verdict import MEMORY, Slo, probe_verdict
+from kvsweep.capacity.frontier import (
+    BATCH,
+    CONTEXT,
+    MEMORY,
+    FrontierKey,
+    SearchSettings,
+    Slo,
+    ceiling,
+    probe_verdict,
+    unit,
+)
 from kvsweep.capacity.search_steps import Stepping, aim, start_of
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.actor_placement import Job

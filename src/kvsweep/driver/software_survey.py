@@ -1,4 +1,10 @@
-"""At connect, before any cell: every node that can run a cell reports its software, and a mismatch stops
+"""Whether the nodes that run cells (and the driver) measure with the same code: the comparison alone.
+
+Pure: it takes the reports (`node_software.describe_software`) and says, in one line each, which
+software differs and where, and which GPU models the nodes have. Collecting the reports is
+`software_survey.py`'s job; refusing or going on is the caller's.
+
+At connect, before any cell: every node that can run a cell reports its software, and a mismatch stops
 the sweep (exit 2) unless `ray.allow_mixed_versions=true`; nodes with different GPU models are said.
 
 One tiny Ray task per such node (no CPU asked, so a node whose CPUs are all taken still answers),
@@ -8,16 +14,103 @@ process's environment, so a task there would report exactly what this process do
 start later (0.3 s against 0.02 s on a 2-core machine; every sweep of the test suite connects).
 """
 
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvsweep.driver.cell_resources import with_cpus_resolved
-from kvsweep.driver.node_software import CPU_CELLS_SOFTWARE, GPU, SOFTWARE, describe_software, fingerprint
+from kvsweep.driver.node_software import (
+    CPU_CELLS_SOFTWARE,
+    DRIVER_SOFTWARE,
+    GPU,
+    SOFTWARE,
+    describe_software,
+    fingerprint,
+)
 from kvsweep.driver.ray_session import CellNeeds, can_hold
-from kvsweep.driver.software_match import NodeReport, gpu_line, gpu_models, mismatch_line, software_differences
 from kvsweep.errors import ClusterError, first_line
 from kvsweep.names import GPU_MODEL_PARAM, NODE_SOFTWARE_PARAM
+
+NAMED_PER_VALUE = 3  # nodes named beside one value; more are counted
+DRIVER = "the driver"
+MIXED_VERSIONS_KEY = "ray.allow_mixed_versions"
+ONE_ENVIRONMENT_DOC = "docs/cluster.md#one-environment-on-every-node"
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One node's answer: its report, or why there is none (it failed, or did not answer in time)."""
+
+    node_id: str
+    address: str
+    report: Mapping[str, str] | None
+    problem: str = ""
+
+    @property
+    def name(self) -> str:
+        """`10.0.0.7 (node 3f2a1b0c)`: the address a user knows, and the id prefix cells record."""
+        return f"{self.address} (node {self.node_id[:8]})"
+
+
+def software_differences(
+    driver: Mapping[str, str], nodes: Sequence[NodeReport], fields: Sequence[str] = SOFTWARE
+) -> list[str]:
+    """`transformers 5.25.0 on the driver, 10.0.0.7 (node 3f2a1b0c); 9.9.9 on 10.0.0.8 (node 77aa01be)`,
+    one entry per field of `fields` that differs (in that order), then one per node without a report.
+    The driver counts for `DRIVER_SOFTWARE` only."""
+    found = []
+    for key in fields:
+        holders: dict[str, list[str]] = defaultdict(list)
+        if key in DRIVER_SOFTWARE:
+            holders[driver.get(key, "")].append(DRIVER)
+        for node in nodes:
+            if node.report is not None:
+                holders[node.report.get(key, "")].append(node.name)
+        if len(holders) > 1:
+            found.append(f"{key} {by_value(holders)}")
+    found += [f"{node.name} gave no report ({node.problem})" for node in nodes if node.report is None]
+    return found
+
+
+def gpu_models(nodes: Sequence[NodeReport]) -> str:
+    """`NVIDIA H100 80GB HBM3 on ...; NVIDIA A100-SXM4-80GB on ...` when the nodes' GPUs differ, else ""."""
+    holders: dict[str, list[str]] = defaultdict(list)
+    for node in nodes:
+        if node.report is not None:
+            holders[node.report.get(GPU, "")].append(node.name)
+    return by_value(holders) if len(holders) > 1 else ""
+
+
+def by_value(holders: Mapping[str, list[str]]) -> str:
+    """Each value with who has it, the most widely held first: a lone odd node reads last."""
+    ranked = sorted(holders.items(), key=lambda item: (-len(item[1]), item[0]))
+    return "; ".join(f"{value or '?'} on {named(who)}" for value, who in ranked)
+
+
+def named(who: list[str]) -> str:
+    if len(who) <= NAMED_PER_VALUE:
+        return ", ".join(who)
+    return f"{', '.join(who[:NAMED_PER_VALUE])} and {len(who) - NAMED_PER_VALUE} more nodes"
+
+
+def mismatch_line(differences: list[str], allowed: bool) -> str:
+    """The one line a software mismatch is told in: refused, or measured anyway when allowed."""
+    what = " | ".join(differences)
+    if allowed:
+        return f"nodes run different software, measuring anyway ({MIXED_VERSIONS_KEY}=true): {what}"
+    return (
+        f"nodes run different software, so their cells would not measure the same code: {what}; "
+        f"give every node one environment ({ONE_ENVIRONMENT_DOC}) or set {MIXED_VERSIONS_KEY}=true"
+    )
+
+
+def gpu_line(models: str) -> str:
+    return (
+        f"nodes have different GPUs: {models}; each cell records its node's (param gpu_model): compare cells "
+        "of one GPU model, or set ray.accelerator_type to measure on one kind"
+    )
+
 
 SURVEY_TIMEOUT_S = 60.0  # a worker's start and a metadata read on a busy node; a node silent past it is named
 

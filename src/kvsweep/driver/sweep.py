@@ -25,7 +25,7 @@ from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, predicted_metrics, 
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 from kvsweep.testing.testing_config import Seams
-from kvsweep.tracking.lease_owner import LeaseHeld
+from kvsweep.tracking.lease import LeaseHeld
 
 if TYPE_CHECKING:
     from kvsweep.driver.inputs_choice import InputsChoice
@@ -52,7 +52,7 @@ def run_sweep(
     from kvsweep.driver.hub_prefetch import fetch_for_sweep
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.native_builds import prebuild
-    from kvsweep.driver.prewarm import prewarm
+    from kvsweep.driver.ray_session import prewarm
     from kvsweep.tracking.urls import default_tracking_uri
 
     inputs, seams, say = inputs or choose_inputs(cfg), seams or Seams(), Lines(out or sys.stdout)

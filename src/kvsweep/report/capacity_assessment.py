@@ -12,8 +12,17 @@ else any dynamic cell that ran at that context.
 from dataclasses import dataclass, field
 
 from kvsweep.caches import BASELINE, cache_rank
-from kvsweep.capacity.frontier import BATCH, Frontier, SearchSettings, frontiers
-from kvsweep.capacity.probe_verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
+from kvsweep.capacity.frontier import (
+    BATCH,
+    MAX_BATCH,
+    MAX_CONTEXT,
+    MEMORY,
+    SLO_TPOT,
+    SLO_TTFT,
+    Frontier,
+    SearchSettings,
+    frontiers,
+)
 from kvsweep.config.schema import RayConfig, ReportConfig
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names

@@ -12,8 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 from matplotlib.lines import Line2D
 
-from kvsweep.capacity.frontier import BATCH
-from kvsweep.capacity.probe_verdict import MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
+from kvsweep.capacity.frontier import BATCH, MAX_BATCH, MAX_CONTEXT, MEMORY, SLO_TPOT, SLO_TTFT
 from kvsweep.model_names import file_stem
 from kvsweep.report.capacity_assessment import Capacity, SizeChoice, Standing
 

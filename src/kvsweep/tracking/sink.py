@@ -20,8 +20,7 @@ from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.delivery import SWEEP_FILES, send_result, sync_journal
 from kvsweep.tracking.journal import JOURNAL_NAME, Journal, SweepHeader
-from kvsweep.tracking.lease import Lease, LeaseTimes
-from kvsweep.tracking.lease_owner import LeaseHeld
+from kvsweep.tracking.lease import Lease, LeaseHeld, LeaseTimes
 from kvsweep.tracking.readback import finished, result_from_run
 from kvsweep.tracking.take_parent import Taken, take_parent
 

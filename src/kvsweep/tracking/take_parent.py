@@ -16,8 +16,7 @@ from typing import Any
 from kvsweep.names import RunTag
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import SweepHeader
-from kvsweep.tracking.lease import Lease, LeaseTimes, Verdict, claim, judge, lease_tags
-from kvsweep.tracking.lease_owner import LeaseHeld, Owner
+from kvsweep.tracking.lease import Lease, LeaseHeld, LeaseTimes, Owner, Verdict, claim, judge, lease_tags
 
 ATTEMPTS = 4  # a parent withdrawn, deleted or released while this sweep looked at it: look again, in all
 
