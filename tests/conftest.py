@@ -92,6 +92,34 @@ def cell_template(ray_cluster):
     return templates
 
 
+@pytest.fixture(scope="session")
+def layer_kind_folders(tmp_path_factory) -> dict[str, Path]:
+    """Every tiny model of a layer kind (`kvsweep_testkit.layer_kinds`), saved once for the whole run."""
+    from kvsweep_testkit.layer_kinds import TINY_LAYER_KINDS, save_tiny_layer_kind
+
+    root = tmp_path_factory.mktemp("layer-kinds")
+    return {name: save_tiny_layer_kind(name, root / name) for name in TINY_LAYER_KINDS}
+
+
+@pytest.fixture(scope="session")
+def measured_cell():
+    """`measure(cell, device="cpu")`: the cell run in this process by `run_cell` under the exact protocol (no
+    warmup, one repeat, one thread, seed 0), each cell once for the whole run: the planned = measured table and
+    the by-hand checks of the same cells read one measurement."""
+    from kvsweep.cell.run_cell import run_cell
+    from kvsweep.grid import Cell, MeasureProtocol
+
+    measured: dict[tuple[Cell, str], dict] = {}
+
+    def measure(cell: Cell, device: str = "cpu") -> dict:
+        if (cell, device) not in measured:
+            protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device=device, threads=1)
+            measured[(cell, device)] = run_cell(cell.to_dict(), protocol.to_dict())
+        return measured[(cell, device)]
+
+    return measure
+
+
 @dataclass
 class SweepOutcome:
     code: int

@@ -1,8 +1,9 @@
 """Sliding-window, chunked and hybrid layers counted byte for byte (issue 25, item 2).
 
 Transformers' caches keep per-layer kinds: a sliding-window or chunked layer keeps only its window, a
-state layer a fixed state. The planner's bytes must equal the real cache's on models of every kind,
-with contexts past the window; the hand computations here restate how Transformers' layers hold
+state layer a fixed state. That the planner's bytes equal the real cache's on models of every kind, with
+contexts past the window, and that quantized caches refuse them, is the table in
+`test_planned_equals_measured.py`; the hand computations here restate how Transformers' layers hold
 tokens, independently of kvsweep's accounting.
 """
 
@@ -14,9 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvsweep.caches import get_strategy
-from kvsweep.caches.layer_tokens import quantized_layers_problem
-from kvsweep.cell.run_cell import run_cell
-from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.grid import Cell
 from kvsweep.measure.kv_reading import cache_bytes
 from kvsweep.models.build import build_model
 from kvsweep.models.facts import read_facts
@@ -27,22 +26,15 @@ from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic
 from kvsweep.plan.memory_fit import estimate_peak
 from kvsweep.plan.offload import pinned_host_bytes, prefill_bytes
 from kvsweep.plan.sweep_plan import predicted_metrics
-from kvsweep_testkit.layer_kinds import TINY_LAYER_KINDS, WINDOW, save_tiny_layer_kind, tiny_preset_config
+from kvsweep_testkit.layer_kinds import TINY_LAYER_KINDS, WINDOW, tiny_preset_config
 
-PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 # One token of one layer's K and V: 2 x 2 KV heads x head_dim 8 x 4 bytes (float32, batch 1)
 LAYER_TOKEN = 2 * 2 * 8 * 4
-SLIDING = ["tiny-mistral-sliding", "tiny-gemma3-alternating", "tiny-gpt-oss-alternating", "tiny-llama4-chunked"]
-CPU_CACHES = ["dynamic", "static", "static@40", "no_cache"]
-# (context, new tokens, batch, dtype): the prompt already past the window; the window crossed while decoding
-FAST_SHAPES = [(30, 8, 1, "float32"), (10, 12, 1, "float32")]
-SLOW_SHAPES = [(40, 20, 2, "bfloat16"), (24, 1, 1, "float32")]  # batch 2 in bf16; no decode step at all
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("layer-kinds")
-    return {name: save_tiny_layer_kind(name, root / name) for name in TINY_LAYER_KINDS}
+def folders(layer_kind_folders) -> dict[str, Path]:
+    return layer_kind_folders  # saved once for the session (tests/conftest.py)
 
 
 def expected_windows(name: str) -> tuple[int | None, ...]:
@@ -70,44 +62,18 @@ def test_both_shape_readers_describe_the_layers_transformers_builds(folders, nam
         assert from_transformers.state_elements == (32 * 3, 0) * 2
 
 
-def _run(folder: Path, cache: str, shape: tuple) -> tuple[Cell, dict]:
-    context, new, batch, dtype = shape
-    cell = Cell(str(folder), dtype, context, batch, new, cache, False)
-    return cell, run_cell(cell.to_dict(), PROTO)
+def _run(measured_cell, folder: Path, cache: str) -> dict:
+    """Context 30, 8 new tokens, batch 1, float32: a row of the planned = measured table, measured once."""
+    return measured_cell(Cell(str(folder), "float32", 30, 1, 8, cache, False))
 
 
-def _planner_against_measured(folders, names, caches, shapes) -> dict:
-    wrong = {}
-    for name in names:
-        model_shape = read_facts(classify(str(folders[name]))).shape
-        for shape in shapes:
-            for cache in caches:
-                cell, result = _run(folders[name], cache, shape)
-                assert result["status"] == "ok", (name, cache, shape, result["error"])
-                got = result["metrics"]["kv_cache_bytes"]
-                planned = plan_cell(cell, "cpu", model_shape).kv_stored_bytes
-                device = estimate_peak(cell, get_strategy(cache), model_shape, parameters=0).kv_device_bytes
-                if not got == planned == device:
-                    wrong[(name, cache, shape)] = (got, planned, device)
-    return wrong
-
-
-def test_planner_bytes_equal_the_real_cache_on_sliding_and_chunked_models(folders):
-    assert not _planner_against_measured(folders, SLIDING, CPU_CACHES, FAST_SHAPES)
-
-
-@pytest.mark.slow
-def test_planner_bytes_equal_the_real_cache_in_bf16_batch_2_and_without_a_decode_step(folders):
-    assert not _planner_against_measured(folders, SLIDING, CPU_CACHES, SLOW_SHAPES)
-
-
-def test_what_sliding_layers_hold_by_hand(folders):
+def test_what_sliding_layers_hold_by_hand(folders, measured_cell):
     """Context 30, 8 new tokens (37 cached), window 16. A dynamic sliding layer keeps a view of its last 15
     tokens on the storage of the last concatenation (15 + the new token = 16); a static one allocates 16."""
     for name, full_layers in (("tiny-mistral-sliding", 0), ("tiny-gemma3-alternating", 2)):
         sliding = 4 - full_layers
         for cache, full_tokens in (("dynamic", 37), ("static", 37), ("static@40", 40)):
-            _, result = _run(folders[name], cache, (30, 8, 1, "float32"))
+            result = _run(measured_cell, folders[name], cache)
             expected = LAYER_TOKEN * (sliding * WINDOW + full_layers * full_tokens)
             assert result["metrics"]["kv_cache_bytes"] == expected, (name, cache)
         # the dense yardstick keeps the same per-layer rule: 2 x 16 + 2 x 37 tokens = 13,568 bytes for gemma3
@@ -204,24 +170,8 @@ def test_an_offloaded_cache_is_predicted_on_the_device_at_the_moment_it_is_read(
     assert predicted_metrics(planned)["predicted_kv_device_bytes"] == LAYER_TOKEN * returned_tokens
 
 
-@pytest.mark.parametrize("name", [*SLIDING, "tiny-lfm2-hybrid"])
-def test_quantized_caches_refuse_a_model_that_is_not_all_full_attention(folders, name):
-    """Transformers' QuantizedCache raises on any sliding, chunked or state layer; kvsweep skips such a cell, saying
-    so, before it runs."""
-    model = build_model(classify(str(folders[name])), "float32", "cpu", seed=0)
-    options = get_strategy("quantized-hqq-int4").generation_options()
-    with pytest.raises(ValueError, match="only full attention layers"), torch.inference_mode():
-        model.generate(torch.zeros(1, 30, dtype=torch.long), max_new_tokens=8, do_sample=False, **options)
-    _, result = _run(folders[name], "quantized-hqq-int4", (30, 8, 1, "float32"))
-    assert result["status"] == "skipped" and "holds only full-attention layers" in result["error"]
-    shape = read_facts(classify(str(folders[name]))).shape
-    assert quantized_layers_problem(get_strategy("quantized-hqq-int4"), shape, 1, 30, 8) is not None
-    full = read_facts(classify("tiny-llama")).shape
-    assert quantized_layers_problem(get_strategy("quantized-hqq-int4"), full, 1, 30, 8) is None
-
-
 @pytest.mark.parametrize("implementation, cache", [("dynamic", "dynamic"), ("static", "static")])
-def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, implementation, cache):
+def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, measured_cell, implementation, cache):
     """LFM2: 2 conv layers keep hidden 32 x 3 positions (384 bytes each, float32), the 2 full layers every token;
     as a cell, the state layers are the model's and the attention layers the strategy's."""
     folder = folders["tiny-lfm2-hybrid"]
@@ -238,7 +188,7 @@ def test_a_hybrids_state_layers_hold_a_fixed_state_and_no_keys(folders, implemen
     )
     cell = Cell(str(folder), "float32", 30, 1, 8, cache, False)
     assert cell_dense_kv_bytes(cell, shape) == measured
-    _, result = _run(folder, cache, (30, 8, 1, "float32"))
+    result = _run(measured_cell, folder, cache)
     assert result["status"] == "ok", result["error"]
     assert result["metrics"]["kv_cache_bytes"] == measured
     assert "LinearAttentionLayer" in result["tags"]["kvsweep.cache_class"]
