@@ -106,15 +106,15 @@ def measured_cell():
     """`measure(cell, device="cpu")`: the cell run in this process by `run_cell` under the exact protocol (no
     warmup, one repeat, one thread, seed 0), each cell once for the whole run: the planned = measured table and
     the by-hand checks of the same cells read one measurement."""
-    from kvsweep.cell.run_cell import run_cell
     from kvsweep.grid import Cell, MeasureProtocol
+    from kvsweep_testkit.cells import measure_cell
 
     measured: dict[tuple[Cell, str], dict] = {}
 
     def measure(cell: Cell, device: str = "cpu") -> dict:
         if (cell, device) not in measured:
             protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device=device, threads=1)
-            measured[(cell, device)] = run_cell(cell.to_dict(), protocol.to_dict())
+            measured[(cell, device)] = measure_cell(cell.to_dict(), protocol.to_dict())
         return measured[(cell, device)]
 
     return measure

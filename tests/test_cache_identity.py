@@ -11,10 +11,10 @@ import pytest
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
 from kvsweep.caches import get_strategy
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.cache_identity import describe_cache, mismatch
 from kvsweep.models.presets import PRESETS
+from kvsweep_testkit.cells import measure_cell
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,12 +43,12 @@ def cacheless_model(tmp_path_factory) -> str:
 
 
 def test_a_model_that_ignores_cache_implementation_fails_the_cell(cacheless_model):
-    result = run_cell(cell("static", model=cacheless_model), PROTO, trust_remote_code=True)
+    result = measure_cell(cell("static", model=cacheless_model), PROTO, trust_remote_code=True)
     assert result["status"] == "error"
     assert "asked for static" in result["error"] and "DynamicCache/DynamicLayer" in result["error"], result["error"]
     assert "tpot_ms" not in result["metrics"]  # no number under the wrong name
     # the same model asked for what it really does is fine
-    dynamic = run_cell(cell("dynamic", model=cacheless_model), PROTO, trust_remote_code=True)
+    dynamic = measure_cell(cell("dynamic", model=cacheless_model), PROTO, trust_remote_code=True)
     assert dynamic["status"] == "ok", dynamic["error"]
     assert dynamic["tags"]["kvsweep.cache_class"] == "DynamicCache/DynamicLayer"
 
@@ -57,8 +57,8 @@ def test_a_model_that_ignores_cache_implementation_fails_the_cell(cacheless_mode
 def test_compile_asked_but_not_done_fails_the_cell():
     """TORCHDYNAMO_DISABLE=1 makes torch.compile silently run eager; a fresh process, as each cell is."""
     script = (
-        "import json; from kvsweep.cell.run_cell import run_cell; "
-        f"print(json.dumps(run_cell({cell('static', compile=True)!r}, {PROTO!r})))"
+        "import json; from kvsweep_testkit.cells import measure_cell; "
+        f"print(json.dumps(measure_cell({cell('static', compile=True)!r}, {PROTO!r})))"
     )
     env = {**os.environ, "TORCHDYNAMO_DISABLE": "1"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -69,7 +69,7 @@ def test_compile_asked_but_not_done_fails_the_cell():
 
 @pytest.mark.slow
 def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
-    result = run_cell(cell("static", compile=True), PROTO)
+    result = measure_cell(cell("static", compile=True), PROTO)
     assert result["status"] == "ok", result["error"]
     assert int(result["environment"]["compiled_graphs"]) >= 1
     assert result["environment"]["quality_forward"] == "compiled"
@@ -77,7 +77,7 @@ def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
     assert result["metrics"]["compile_recaptures"] == 0  # nothing compiled while it was measured
     # the one cache the cell keeps (reset per call) is the cache generate would have built: 32 + 4 - 1 tokens
     assert result["tags"]["kvsweep.cache_class"] == "StaticCache/StaticLayer max_cache_len=35"
-    eager = run_cell(cell("static"), PROTO)
+    eager = measure_cell(cell("static"), PROTO)
     assert "compiled_graphs" not in eager["environment"] and eager["environment"]["quality_forward"] == "eager"
     assert "compile_recaptures" not in eager["metrics"]
     assert eager["tags"]["kvsweep.cache_class"] == result["tags"]["kvsweep.cache_class"]
@@ -87,7 +87,7 @@ def test_a_compiled_cell_records_its_graphs_and_judges_quality_with_them():
 def test_compiling_while_measured_fails_the_cell_and_keeps_its_numbers():
     """A fault drops the compiled graphs once per call, so each measured call compiles again."""
     protocol = MeasureProtocol.from_dict(PROTO).with_measure(repeats=2).to_dict()
-    result = run_cell(cell("static", compile=True), protocol, faults=[{"fault": "recompile"}])
+    result = measure_cell(cell("static", compile=True), protocol, faults=[{"fault": "recompile"}])
     assert result["status"] == "error"
     assert "during the measured calls" in result["error"], result["error"]
     assert result["metrics"]["compile_recaptures"] >= 2  # at least one per measured call

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from conftest import cell_runs
-from kvsweep.cell.run_cell import record_failure, run_cell
+from kvsweep.cell.request import CellRequest
+from kvsweep.cell.run_cell import record_failure
 from kvsweep.cell.template import NO_RESULT
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.results import ERROR, OK, CellResult
 from kvsweep.testing.testing_config import seams_from
 from kvsweep.tracking.journal import Journal
+from kvsweep_testkit.cells import measure_cell
 
 CELL = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False)
 PROTOCOL = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
@@ -32,7 +34,7 @@ ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"  # a sti
 
 def test_cuda_that_cannot_start_is_an_error_with_its_reason_and_the_host_found_so_far():
     faults = seams_from({"faults": [{"fault": "cuda_init"}]}).faults
-    result = run_cell(CELL.to_dict(), PROTOCOL.to_dict(), faults)
+    result = measure_cell(CELL.to_dict(), PROTOCOL.to_dict(), faults)
     assert result["status"] == "error"
     assert "CUDA" in result["error"] and DRIVER_TOO_OLD in result["error"], result["error"]
     assert DRIVER_TOO_OLD in result["traceback"]
@@ -55,10 +57,7 @@ def test_cuda_init_fires_when_the_cell_starts_its_device_and_nowhere_else():
 def _request(**testing) -> bytes:
     """What a cell's actor sends its template (`CellActor._forked`), cloudpickled."""
     request = {
-        "cell": CELL.to_dict(),
-        "protocol": PROTOCOL.to_dict(),
-        "testing": seams_from(testing).to_dict(),
-        "options": {},
+        "request": CellRequest(CELL, PROTOCOL, seams=seams_from(testing)),
         "env": {"CUDA_VISIBLE_DEVICES": None, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": None},
         "cpus": sorted(os.sched_getaffinity(0)),
         "owner_pid": os.getpid(),
@@ -117,7 +116,7 @@ def test_whatever_fails_in_a_forked_cell_comes_back_as_its_error_never_an_exit_c
     assert reply["result"]["cell"] == CELL.to_dict()
 
     # not even the cell can be read: the answer still says why
-    reply = template.measure(pickle.dumps({"cell": CELL.to_dict()})[:-8])  # cut short
+    reply = template.measure(pickle.dumps({"request": CELL.to_dict()})[:-8])  # cut short
     assert reply["exitcode"] == 0
     assert "could not be read" in reply["result"][NO_RESULT]
 

@@ -14,11 +14,11 @@ from kvsweep.caches import get_strategy
 from kvsweep.cell.call_inputs import random_ids
 from kvsweep.cell.checks import CudaGraphsSkipped, check_cudagraphs_used
 from kvsweep.cell.generate_session import GenerateSession
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.compile_events import cudagraph_skips
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
+from kvsweep_testkit.cells import measure_cell
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 
@@ -48,10 +48,10 @@ def test_inductor_counts_a_graph_it_runs_without_cuda_graphs_under_that_name():
 @pytest.mark.slow
 def test_a_compiled_cpu_cell_records_no_skipped_cuda_graphs():
     cell = dict(model="tiny-llama", dtype="float32", context_length=32, batch_size=1, max_new_tokens=4)
-    result = run_cell(cell | {"cache": "static", "compile": True}, PROTO)
+    result = measure_cell(cell | {"cache": "static", "compile": True}, PROTO)
     assert result["status"] == "ok", result["error"]
     assert result["metrics"]["compile_cudagraph_skips"] == 0
-    eager = run_cell(cell | {"cache": "static", "compile": False}, PROTO)
+    eager = measure_cell(cell | {"cache": "static", "compile": False}, PROTO)
     assert "compile_cudagraph_skips" not in eager["metrics"]
 
 

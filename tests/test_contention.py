@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.contention import CallContention, HostEvidence, HostMeter, gpu_verdict, merge
+from kvsweep_testkit.cells import measure_cell
 
 CPUS = sorted(os.sched_getaffinity(0))
 SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass"
@@ -108,7 +108,7 @@ GUARDED = (
 @pytest.mark.slow
 def test_a_cell_beside_spinners_is_re_measured_then_tagged_contended():
     with spinners(len(CPUS)):
-        result = run_cell(CELL, GUARDED)
+        result = measure_cell(CELL, GUARDED)
     assert result["status"] == "ok", result["error"]
     metrics, tags, samples = result["metrics"], result["tags"], result["samples"]
     # As many spinners as CPUs: the cell's threads get about half of them.
@@ -124,7 +124,7 @@ def test_a_cell_beside_spinners_is_re_measured_then_tagged_contended():
 
 @pytest.mark.slow
 def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_its_medians():
-    result = run_cell(CELL, GUARDED)
+    result = measure_cell(CELL, GUARDED)
     assert result["status"] == "ok", result["error"]
     metrics = result["metrics"]
     assert result["tags"]["kvsweep.contended"] == "false", result["tags"]["kvsweep.contention"]
@@ -137,7 +137,7 @@ def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_i
 @pytest.mark.slow
 def test_a_precision_target_is_measured_to_and_recorded():
     loose = GUARDED | {"target_rel_ci": 0.5, "max_repeats": 30}  # +-50%: any quiet cell gets there
-    result = run_cell(CELL, loose)
+    result = measure_cell(CELL, loose)
     assert result["tags"]["kvsweep.ci_target"] == "met"
     assert result["metrics"]["repeats"] >= 6  # the fewest samples with a true 95% interval
-    assert "kvsweep.ci_target" not in run_cell(CELL, GUARDED)["tags"]  # no target, no claim
+    assert "kvsweep.ci_target" not in measure_cell(CELL, GUARDED)["tags"]  # no target, no claim

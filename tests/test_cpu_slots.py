@@ -17,7 +17,9 @@ import pytest
 from conftest import burner_on
 from kvsweep.cell.cpu_slots import AFFINITY, SLOT, CpuPlace, CpuSlots, cores_to_ask, read_places, shared
 from kvsweep.cell.nvml_restart import restart_nvml
+from kvsweep.cell.request import CellRequest
 from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.testing.testing_config import Seams
 
 ALIVE = 4242  # an owner pid the tests' `alive` says is running
 
@@ -211,12 +213,13 @@ def run_together(device: str, cells: int = 2) -> list[dict]:
     actors = [actor_class.remote("", time.time(), False) for _ in range(cells)]
     ray.get([a.ready.remote() for a in actors])  # started: the cells below begin together ...
     time.sleep(SETTLE_S)  # ... once Ray has replaced the idle workers they took (it starts Python processes)
-    cell = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False).to_dict()
+    cell = Cell("tiny-llama", "float32", 64, 1, 4, "dynamic", False)
     start_at = time.time() + START_IN_S
-    testing = {"runner": "kvsweep.testing.stand_ins:busy_cell", "sleep_s": BUSY_S, "start_at": start_at}
+    seams = Seams(runner="kvsweep.testing.stand_ins:busy_cell", sleep_s=BUSY_S, start_at=start_at)
+    # No `cpus_per_cell` in the options: the slot's size is what Ray says it reserved for the actor.
+    request = CellRequest(cell, MeasureProtocol.from_dict(protocol(device)), seams=seams)
     try:
-        # No `cpus_per_cell` in the options: the slot's size is what Ray says it reserved for the actor.
-        results = ray.get([a.run.remote(cell, protocol(device), testing, {}, True) for a in actors])
+        results = ray.get([a.run.remote(request, True) for a in actors])
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)

@@ -16,12 +16,13 @@ from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.results import OK, OOM, TIMEOUT, CellResult
+from kvsweep.testing.testing_config import Seams
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import Journal, SweepHeader
 from kvsweep.tracking.sink import MlflowSink
 
 PROTOCOL = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
-STAND_IN = {"runner": "kvsweep.testing.stand_ins:sleep_cell"}
+STAND_IN = "kvsweep.testing.stand_ins:sleep_cell"
 
 
 def job(cache: str = "dynamic", context: int = 64, batch: int = 1) -> Job:
@@ -43,7 +44,7 @@ def test_the_pruner_records_larger_cells_of_an_oomed_family_without_running_them
 
 def scheduler(ray_cluster, sleep_s: float, timeout_s: float, retries: int) -> CellScheduler:
     limits = Limits(CellNeeds(gpus=0, cpus=1), max_concurrent=2, cell_timeout_s=timeout_s, max_retries=retries)
-    return CellScheduler(PROTOCOL.to_dict(), limits, {**STAND_IN, "sleep_s": sleep_s})
+    return CellScheduler(PROTOCOL, limits, Seams(runner=STAND_IN, sleep_s=sleep_s))
 
 
 def test_the_scheduler_gives_every_cell_exactly_one_result(ray_cluster):

@@ -108,11 +108,11 @@ def test_a_cells_result_is_plain_data_that_imports_nothing_to_read():
     import pickle
     import pickletools
 
-    from kvsweep.cell.run_cell import run_cell
     from kvsweep.grid import Cell, MeasureProtocol
+    from kvsweep_testkit.cells import measure_cell
 
     cell = Cell("tiny-llama", "float32", 64, 1, 4, "static", False)
-    result = run_cell(
+    result = measure_cell(
         cell.to_dict(), MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
     )
     assert result["status"] == "ok", result["error"]

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from kvsweep.cell.process import Threads, resolve_threads
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.grid import MeasureProtocol
+from kvsweep_testkit.cells import measure_cell
 
 # Auto CPUs per GPU cell: (node CPUs - 1) x GPUs per cell // node GPUs, one core left per node for Ray.
 H100_NODE = {"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 8.0}  # 15 // 8 = 1 per GPU
@@ -108,8 +108,8 @@ def test_the_cell_sets_and_records_the_threads_of_a_cuda_cell():
     protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cuda", threads=0).to_dict()
     before = torch.get_num_threads()
     try:
-        result = run_cell(cell, protocol, cpus_per_cell=1)
-        cpu_result = run_cell(cell, {**protocol, "device": "cpu"}, cpus_per_cell=1)
+        result = measure_cell(cell, protocol, cpus_per_cell=1)
+        cpu_result = measure_cell(cell, {**protocol, "device": "cpu"}, cpus_per_cell=1)
     finally:
         torch.set_num_threads(before)
     assert result["environment"]["torch_threads"] == 1

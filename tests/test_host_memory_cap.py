@@ -16,6 +16,7 @@ from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.results import OK, TIMEOUT, CellResult
+from kvsweep.testing.testing_config import Seams
 from kvsweep.units import GB
 
 GPU_NODE = {"CPU": 64.0, "GPU": 8.0, "memory": 1_000e9}
@@ -45,9 +46,9 @@ def test_offloaded_cells_whose_blocks_together_exceed_a_node_run_one_after_the_o
     # Each sleeps 4 s; a cell waits about that long for the one before it. With its timeout counted from
     # the actor's creation, that wait would time the 7 s cells out; it counts from when Ray placed them.
     limits = Limits(CellNeeds(gpus=0, cpus=1), max_concurrent=3, cell_timeout_s=7, max_retries=0)
-    testing = {"runner": "kvsweep.testing.stand_ins:sleep_cell", "sleep_s": 4.0}
+    testing = Seams(runner="kvsweep.testing.stand_ins:sleep_cell", sleep_s=4.0)
     results: list[CellResult] = []
-    CellScheduler(protocol.to_dict(), limits, testing).run(jobs, results.append)
+    CellScheduler(protocol, limits, testing).run(jobs, results.append)
     assert [r.status for r in results] == [OK, OK, OK]
     spans = sorted((r.environment["started_at"], r.environment["ended_at"]) for r in results)
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
@@ -70,11 +71,11 @@ def test_a_cell_left_waiting_for_memory_lets_cells_that_ask_none_run_then_times_
     jobs = [Job(cell_id(offloaded, protocol), offloaded, host_memory_bytes=int(0.6 * node_memory))]
     jobs += [Job(cell_id(c, protocol), c) for c in dense]
     limits = Limits(CellNeeds(gpus=0, cpus=1), max_concurrent=1, cell_timeout_s=6, max_retries=0, placing_grace_s=0.5)
-    testing = {"runner": "kvsweep.testing.stand_ins:sleep_cell", "sleep_s": 1.0}
+    testing = Seams(runner="kvsweep.testing.stand_ins:sleep_cell", sleep_s=1.0)
     results: list[CellResult] = []
     said: list[tuple[str, str]] = []
     try:
-        CellScheduler(protocol.to_dict(), limits, testing).run(
+        CellScheduler(protocol, limits, testing).run(
             jobs, results.append, on_wait=lambda job, text: said.append((job.cell.cache, text))
         )
     finally:
@@ -96,7 +97,7 @@ def test_ctrl_c_while_a_cell_waits_for_memory_kills_it_and_withdraws_its_ask(ray
     offloaded = Cell("tiny-llama", "float32", 64, 1, 4, "offloaded", False)
     job = Job(cell_id(offloaded, protocol), offloaded, host_memory_bytes=int(0.6 * node_memory))
     limits = Limits(CellNeeds(gpus=0, cpus=1), max_concurrent=1, cell_timeout_s=600, max_retries=0, placing_grace_s=0.5)
-    scheduler = CellScheduler(protocol.to_dict(), limits, {"runner": "kvsweep.testing.stand_ins:sleep_cell"})
+    scheduler = CellScheduler(protocol, limits, Seams(runner="kvsweep.testing.stand_ins:sleep_cell"))
 
     def interrupt(job: Job, text: str) -> None:
         raise KeyboardInterrupt  # Ctrl-C arrives while Ray has yet to place the cell

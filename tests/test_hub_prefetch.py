@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.driver.hub_node_fetch import HubSettings, fetch_on_node, files_to_fetch, hub_settings, load_problem
 from kvsweep.driver.hub_prefetch import ModelFetch, models_to_fetch, plan_after, skip_unavailable
 from kvsweep.errors import ConfigError
@@ -22,6 +21,7 @@ from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.redact import MASK, redact_text
 from kvsweep.testing.fake_hub import FETCH_LOG, FolderHub
 from kvsweep.testing.testing_config import seams_from
+from kvsweep_testkit.cells import measure_cell
 from kvsweep_testkit.kv_heavy import save_kv_heavy
 
 TINY = "kvsweep-test/tiny"
@@ -276,12 +276,12 @@ def test_a_cell_loads_a_fetched_model_from_the_cache_with_no_hub(tmp_path):
     cell = Cell(TINY, "float32", 32, 1, 4, "dynamic", False)
     protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 
-    result = run_cell(cell.to_dict(), protocol, hub_cache={TINY: str(cache)})
+    result = measure_cell(cell.to_dict(), protocol, hub_cache={TINY: str(cache)})
     assert result["status"] == "ok", result["error"]
     assert result["cell"]["model"] == TINY  # the Hub id stays the cell's model
     assert result["metrics"]["kv_cache_bytes"] == KV_HEAVY_BYTES_PER_TOKEN * (32 + 4 - 1)
 
-    elsewhere = run_cell(cell.to_dict(), protocol, hub_cache={TINY: str(tmp_path / "empty")})
+    elsewhere = measure_cell(cell.to_dict(), protocol, hub_cache={TINY: str(tmp_path / "empty")})
     assert elsewhere["status"] == "error" and "has no snapshot of it on this node" in elsewhere["error"]
 
 

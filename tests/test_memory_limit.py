@@ -109,15 +109,15 @@ def cell(context, batch):
 
 def cells_with_and_without_the_limit():
     """Three real cells in one process, in order: small and large under the limit, then large without."""
-    from kvsweep.cell.run_cell import run_cell
     from kvsweep.grid import MeasureProtocol
+    from kvsweep_testkit.cells import measure_cell
 
     exact = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)
     limited = exact.with_measure(device_memory_limit_gb=CELL_LIMIT_GB).to_dict()
     return {
-        "small": run_cell(cell(64, 1), limited),
-        "large": run_cell(cell(2048, 16), limited),
-        "large_unlimited": run_cell(cell(2048, 16), exact.to_dict()),
+        "small": measure_cell(cell(64, 1), limited),
+        "large": measure_cell(cell(2048, 16), limited),
+        "large_unlimited": measure_cell(cell(2048, 16), exact.to_dict()),
         "rlimit_after": resource.getrlimit(resource.RLIMIT_DATA),
     }
 

@@ -67,14 +67,14 @@ def sweep(device, gpus, testing, cells=2):
     def started(job):
         threading.Timer(1.5, sample).start()
 
-    CellScheduler(protocol.to_dict(), limits, testing).run(jobs, results.append, started)
+    CellScheduler(protocol, limits, testing).run(jobs, results.append, started)
     time.sleep(0.1)
     return {"free": free, "statuses": [r.status for r in results],
             "found": [r.environment.get("found", {}) for r in results]}
 
-sleep = {"runner": "kvsweep.testing.stand_ins:sleep_cell", "sleep_s": 3}
+sleep = Seams(runner="kvsweep.testing.stand_ins:sleep_cell", sleep_s=3)
 seen = {"gpu": sweep("cuda", 1, sleep), "cpu": sweep("cpu", 0, sleep),
-        "threads": sweep("cuda", 1, {"runner": "kvsweep.testing.stand_ins:state_cell"}, cells=1)}
+        "threads": sweep("cuda", 1, Seams(runner="kvsweep.testing.stand_ins:state_cell"), cells=1)}
 print("RESULT " + json.dumps(seen))
 """
 

@@ -9,13 +9,13 @@ import torch
 from transformers import LlamaConfig, QuantizedCache
 
 from kvsweep.caches import allowed_cache_names, get_strategy
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.cli import main
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.cache_identity import describe_cache, mismatch
 from kvsweep.models.build import build_model
 from kvsweep.models.presets import PRESETS
 from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep_testkit.cells import measure_cell
 
 PROTO = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))  # 4 layers, 2 KV heads of 32
@@ -23,7 +23,7 @@ SHAPE = kv_shape(load_config(classify("tiny-llama")))  # 4 layers, 2 KV heads of
 
 def run(cache: str, context: int, new: int, batch: int, dtype: str) -> tuple[Cell, dict]:
     cell = Cell("tiny-llama", dtype, context, batch, new, cache, False)
-    return cell, run_cell(cell.to_dict(), PROTO)
+    return cell, measure_cell(cell.to_dict(), PROTO)
 
 
 def test_hqq_int1_and_int3_bytes_by_hand():

@@ -15,9 +15,9 @@ import torch
 
 from kvsweep.caches import get_strategy
 from kvsweep.cell.generate_session import GenerateSession
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.measure.peak_memory import HWM, PeakMemoryMeter
+from kvsweep_testkit.cells import measure_cell
 
 MIB = 1 << 20
 PROTO = MeasureProtocol.exact(warmup=1, repeats=12, seed=0, device="cpu", threads=1).to_dict()
@@ -31,7 +31,7 @@ def tiny_cell(cache: str, context: int, batch: int, new: int) -> dict:
 
 def test_host_peaks_of_repeats_are_flat_not_one_cache_more_each_time():
     """A 64 MiB reserved cache, 12 repeats: kept caches would add 64 MiB per repeat (768 MiB in all)."""
-    result = run_cell(tiny_cell("static@4096", context=256, batch=8, new=8), PROTO)
+    result = measure_cell(tiny_cell("static@4096", context=256, batch=8, new=8), PROTO)
     assert result["status"] == "ok", result["error"]
     cache = 2 * 4 * 2 * 32 * 4096 * 8 * 4  # K and V x layers x kv heads x head dim x reserved x batch x fp32
     assert result["metrics"]["kv_cache_bytes"] == cache == 64 * MIB
@@ -44,7 +44,7 @@ def test_host_peaks_of_repeats_are_flat_not_one_cache_more_each_time():
 @pytest.mark.slow
 def test_a_growing_dynamic_cache_does_not_accumulate_across_repeats():
     """Allocator placement moves a dynamic cache's peak a little from call to call; it must not climb."""
-    result = run_cell(tiny_cell("dynamic", context=1024, batch=16, new=8), PROTO)
+    result = measure_cell(tiny_cell("dynamic", context=1024, batch=16, new=8), PROTO)
     assert result["status"] == "ok", result["error"]
     cache = result["metrics"]["kv_cache_bytes"]
     assert cache == 2 * 4 * 2 * 32 * (1024 + 8 - 1) * 16 * 4

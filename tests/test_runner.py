@@ -7,9 +7,9 @@ bytes), quantized payloads against their packed layout, timings against their ow
 import pytest
 
 from kvsweep.caches import cache_names, get_strategy
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.models.resolve import classify, kv_shape, load_config
+from kvsweep_testkit.cells import measure_cell
 
 PROTO = MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
@@ -34,7 +34,7 @@ def dense(tokens, batch, dtype_bytes):
 @pytest.fixture(scope="module")
 def results():
     names = [n for n in cache_names() if not get_strategy(n).requires.cuda] + ["static@2048"]
-    return {name: run_cell(cell(name), PROTO) for name in names}
+    return {name: measure_cell(cell(name), PROTO) for name in names}
 
 
 def test_cpu_strategies_all_run(results):
@@ -94,30 +94,32 @@ def test_exact_strategies_agree_with_dynamic(results):
 
 
 def test_oom_inside_generate_is_classified():
-    result = run_cell(cell("static", context=64, new=4), PROTO, faults=[{"match": {"cache": "static"}, "fault": "oom"}])
+    result = measure_cell(
+        cell("static", context=64, new=4), PROTO, faults=[{"match": {"cache": "static"}, "fault": "oom"}]
+    )
     assert result["status"] == "oom"
     assert "out of memory" in result["error"].lower()
 
 
 def test_error_inside_generate_is_an_error_with_traceback():
-    result = run_cell(cell("dynamic", context=64, new=4), PROTO, faults=[{"match": {}, "fault": "error"}])
+    result = measure_cell(cell("dynamic", context=64, new=4), PROTO, faults=[{"match": {}, "fault": "error"}])
     assert result["status"] == "error" and "ValueError: injected error" in result["error"]
     assert "Traceback" in result["traceback"]
 
 
 def test_offloaded_on_cpu_is_skipped_not_crashed():
-    result = run_cell(cell("offloaded", context=64, new=4), PROTO)
+    result = measure_cell(cell("offloaded", context=64, new=4), PROTO)
     assert result["status"] == "skipped" and "CUDA" in result["error"]
 
 
 def test_unknown_model_is_an_error():
-    result = run_cell({**cell("dynamic", context=64, new=4), "model": "/no/such/model"}, PROTO)
+    result = measure_cell({**cell("dynamic", context=64, new=4), "model": "/no/such/model"}, PROTO)
     assert result["status"] == "error"
 
 
 @pytest.mark.slow
 def test_compile_cost_lands_in_first_call_not_in_the_medians():
-    compiled = run_cell(cell("static", context=64, batch=1, new=8, compile=True), PROTO)
+    compiled = measure_cell(cell("static", context=64, batch=1, new=8, compile=True), PROTO)
     assert compiled["status"] == "ok", compiled["error"]
     m = compiled["metrics"]
     assert m["first_call_ms"] > 10 * m["e2e_ms"]  # compilation happened in the cold call only
@@ -168,11 +170,11 @@ def test_quality_is_measured_against_the_dynamic_baseline(results):
 
 def test_fast_cells_are_measured_for_at_least_the_minimum_duration():
     floor = MeasureProtocol.from_dict(PROTO).with_measure(repeats=2, min_duration_s=1.0, max_repeats=200)
-    result = run_cell(cell("dynamic", context=64, batch=1, new=4), floor.to_dict())
+    result = measure_cell(cell("dynamic", context=64, batch=1, new=4), floor.to_dict())
     repeats = result["samples"]["repeats"]
     assert result["metrics"]["repeats"] == len(repeats) > 2
     assert sum(r["e2e_ms"] for r in repeats) >= 0.8 * 1000  # the gaps between runs are not counted
-    capped = run_cell(
+    capped = measure_cell(
         cell("dynamic", context=64, batch=1, new=4), floor.with_measure(min_duration_s=100.0, max_repeats=3).to_dict()
     )
     assert capped["metrics"]["repeats"] == 3  # the cap wins over the time floor
@@ -181,12 +183,14 @@ def test_fast_cells_are_measured_for_at_least_the_minimum_duration():
 def test_a_quality_check_that_runs_out_of_memory_keeps_the_measurement():
     """The dynamic baseline may not fit where a lean cache does: the numbers stay, quality says why."""
     oom = [{"match": {"cache": "static"}, "fault": "oom", "during": "quality"}]
-    result = run_cell(cell("static", context=64, batch=1, new=4), PROTO, oom)
+    result = measure_cell(cell("static", context=64, batch=1, new=4), PROTO, oom)
     assert result["status"] == "ok" and result["metrics"]["tpot_ms"] > 0
     assert "token_agreement" not in result["metrics"] and "kl_divergence" not in result["metrics"]
     assert result["tags"]["kvsweep.quality"].startswith("not measured: the quality check ran out of memory")
     broken = [{"match": {"cache": "static"}, "fault": "error", "during": "quality"}]
-    assert run_cell(cell("static", context=64, batch=1, new=4), PROTO, broken)["status"] == "error"  # bugs still show
+    assert (
+        measure_cell(cell("static", context=64, batch=1, new=4), PROTO, broken)["status"] == "error"
+    )  # bugs still show
 
 
 def test_every_cell_names_the_cache_generate_really_used(results):

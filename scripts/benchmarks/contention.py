@@ -31,10 +31,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, fmt, markdown_table, median
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.measure.contention import HostMeter
 from kvsweep.plan.sweep_plan import inputs_spec, protocol_of
+from kvsweep_testkit.cells import measure_cell
 
 TITLE = "Contention: a small sweep beside a CPU burner, with and without the guard"
 DEFAULTS = MeasureConfig()
@@ -85,7 +85,7 @@ def burners(on_s: float, off_s: float) -> Iterator[None]:
 
 def measure(cell: dict[str, Any], guard: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    result = run_cell(cell, BASE | guard)
+    result = measure_cell(cell, BASE | guard)
     if result["status"] != "ok":
         raise RuntimeError(f"{cell['cache']} ctx={cell['context_length']}: {result['status']} {result['error']}")
     return {**result["metrics"], "tags": result["tags"], "wall_s": time.perf_counter() - started}

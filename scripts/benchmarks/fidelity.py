@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median, plain_generate_kwargs, ratio, timed_generate
 from kvsweep.cell.call_inputs import random_ids
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.grid import MeasureProtocol
 from kvsweep.measure.timing import TokenClock
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
+from kvsweep_testkit.cells import measure_cell
 
 TITLE = "Fidelity: kvsweep's runner against a bare generate loop"
 MODEL, DTYPE, CONTEXT, NEW, BATCH, SEED = "tiny-llama", "float32", 256, 32, 1, 0
@@ -62,7 +62,7 @@ def bare_block(model: Any, inputs: torch.Tensor, cache: str, cuda: bool, warmup:
 
 def kvsweep_block(cache: str, proto: dict[str, Any]) -> dict:
     cell = dict(model=MODEL, dtype=DTYPE, context_length=CONTEXT, batch_size=BATCH, max_new_tokens=NEW, cache=cache)
-    result = run_cell({**cell, "compile": False}, proto)
+    result = measure_cell({**cell, "compile": False}, proto)
     if result["status"] != "ok":
         raise RuntimeError(f"kvsweep cell {cache}: {result['status']} {result.get('error')}")
     return {k: result["metrics"][k] for k in ("ttft_ms", "tpot_ms")}

@@ -23,10 +23,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, device, fmt, markdown_table, median
-from kvsweep.cell.run_cell import run_cell
 from kvsweep.config.compose import compose_config
 from kvsweep.grid import Cell, MeasureProtocol, expand_grid
 from kvsweep.plan.cell_plan import package_installed, skip_reason
+from kvsweep_testkit.cells import measure_cell
 
 TITLE = "Repeatability: the quickstart grid measured three times"
 ROUNDS = 3
@@ -54,7 +54,7 @@ def quickstart_cells(dev: str, quick: bool) -> tuple[list[Cell], int, int]:
 
 def measure(cell: Cell, warmup: int, repeats: int, dev: str) -> dict[str, Any]:
     """One run_cell: its reported medians and the per-repeat (ttft, tpot, e2e) samples."""
-    result = run_cell(cell.to_dict(), protocol(warmup, repeats, dev))
+    result = measure_cell(cell.to_dict(), protocol(warmup, repeats, dev))
     if result["status"] != "ok":
         raise RuntimeError(f"{cell.label}: {result['status']} {result.get('error')}")
     samples = [(r["ttft_ms"], sum(r["gaps_ms"]) / len(r["gaps_ms"]), r["e2e_ms"]) for r in result["samples"]["repeats"]]

@@ -28,6 +28,7 @@ from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gpu_numa import visible_gpus_node
 from kvsweep.cell.host_lock import GatedRun, gate_path, host_gate
 from kvsweep.cell.process import oom_kills, process_started_at
+from kvsweep.cell.request import CellRequest
 from kvsweep.cell.template import NO_RESULT
 
 RUNNER_MODULE = "kvsweep.cell.run_cell"
@@ -76,12 +77,10 @@ class CellActor:
     def ready(self) -> bool:
         return True
 
-    def run(self, cell: dict, protocol: dict, testing: dict, options: dict, forked: bool = False) -> dict:
+    def run(self, request: CellRequest, forked: bool = False) -> dict:
         started_at = time.time()
         self.timeline["run_at"] = started_at
-        result = (
-            self._forked(cell, protocol, testing, options) if forked else self._here(cell, protocol, testing, options)
-        )
+        result = self._forked(request) if forked else self._here(request)
         context = ray.get_runtime_context()
         ended_at = time.time()
         self.timeline["returned_at"] = ended_at
@@ -97,33 +96,30 @@ class CellActor:
         )
         return result
 
-    def _here(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
+    def _here(self, request: CellRequest) -> dict:
         """Measure in this actor's own process, its measured phase under the host's gate."""
-        self.cpus = CpuGrant(_affinity(), NOT_FORKED if protocol.get("device") == "cuda" else AFFINITY)
+        self.cpus = CpuGrant(_affinity(), NOT_FORKED if request.protocol.device == "cuda" else AFFINITY)
         gate = GatedRun(self._gate_path() if self._gated else "", self.timeline)
-        return gate.run(cell, protocol, testing, options)
+        return gate.run(request)
 
-    def _forked(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict:
+    def _forked(self, request: CellRequest) -> dict:
         """Measure in a fresh process forked from this node's template; it dies with this actor."""
         try:
             template = ray.get_actor(template_name(ray.get_runtime_context().get_node_id()))
         except ValueError:  # this node's template is gone for good (restarts used up): measure here
-            return self._here(cell, protocol, testing, options)
-        request = {
-            "cell": cell,
-            "protocol": protocol,
-            "testing": testing,
-            "options": options,
+            return self._here(request)
+        envelope = {
+            "request": request,
             "env": {k: os.environ.get(k) for k in FORWARDED_ENV},  # None: unset there too
             "owner_pid": os.getpid(),
             "gate_path": self._gate_path() if self._gated else "",
         }
         kills_before = oom_kills()
         try:
-            self.cpus = self._take_cpus(template, protocol.get("device", "cpu"), options.get("cpus_per_cell", 0))
-            request["cpus"] = list(self.cpus.cpus)  # the forked process is pinned to them
+            self.cpus = self._take_cpus(template, request.protocol.device, request.options.cpus_per_cell)
+            envelope["cpus"] = list(self.cpus.cpus)  # the forked process is pinned to them
             # By value: a strategy registered in the driver may live in a module the cell cannot import.
-            reply = ray.get(template.measure.remote(cloudpickle.dumps(request), self.cpus.slot))
+            reply = ray.get(template.measure.remote(cloudpickle.dumps(envelope), self.cpus.slot))
         except ray.exceptions.OutOfMemoryError:
             raise CellProcessDied(None, host_oom=True) from None
         except ray.exceptions.RayActorError as exc:  # the template died under this cell (Ray restarts it)

@@ -23,7 +23,7 @@ from typing import Any
 
 PRELOADED_AT = time.time()  # before the heavy imports: a forked process finds it older than itself
 
-import cloudpickle  # noqa: E402, F401  (what unpickles a request)
+import cloudpickle  # noqa: E402, F401  (what unpickles an envelope)
 import torch  # noqa: E402  (the preload: what a fresh process would spend seconds importing)
 import transformers  # noqa: E402, F401
 
@@ -33,7 +33,6 @@ from kvsweep.cell.nvml_restart import restart_nvml  # noqa: E402
 from kvsweep.cell.process import process_started_at  # noqa: E402
 from kvsweep.cell.run_cell import MAX_ERROR_CHARS, record_failure  # noqa: E402
 from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
-from kvsweep.grid import Cell, MeasureProtocol, cell_id  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402
 from kvsweep.results import ERROR, CellResult  # noqa: E402
 
@@ -86,31 +85,32 @@ def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
 
 
 def answer(conn: Any, payload: bytes | dict[str, Any]) -> None:
-    """Read the request, run the cell (or the template's probe) and send what came of it."""
+    """Read the envelope (the cell's request, and what this process must become), run the cell (or the
+    template's probe) and send what came of it."""
     timeline = {"imported_at": time.time()}  # nothing to import: the template did
-    request: dict[str, Any] = {}
+    envelope: dict[str, Any] = {}
     found: dict[str, Any] = {}  # what this process found before the cell ran, for its environment
     try:
-        request = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
-        if request.get("probe"):
+        envelope = pickle.loads(payload) if isinstance(payload, bytes) else payload  # cloudpickled by the actor
+        if envelope.get("probe"):
             preloaded = process_started_at() > PRELOADED_AT  # imported before this process was forked
             conn.send({**cuda_state(), "forkserver_pid": os.getppid(), "preloaded": preloaded})
             return
-        take_on_machine_view(request["env"], request.get("cpus"))
-        watch_owner(request["owner_pid"])
-        if request["protocol"].get("device") == "cuda":  # before the cell reads its GPUs through NVML
+        take_on_machine_view(envelope["env"], envelope.get("cpus"))
+        watch_owner(envelope["owner_pid"])
+        if envelope["request"].protocol.device == "cuda":  # before the cell reads its GPUs through NVML
             found["nvml"] = restart_nvml()
-        gate = GatedRun(request.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
-        result = gate.run(request["cell"], request["protocol"], request["testing"], request["options"])
+        gate = GatedRun(envelope.get("gate_path", ""), timeline)  # the measured phase holds it (see `cell/actor.py`)
+        result = gate.run(envelope["request"])
     except BaseException as exc:  # anything at all: the actor must hear why, not just an exit code
-        result = failed_result(request, exc)
-    send_result(conn, result, request, timeline, found)
+        result = failed_result(envelope, exc)
+    send_result(conn, result, envelope, timeline, found)
 
 
 def send_result(
     conn: Any,
     result: dict[str, Any],
-    request: dict[str, Any],
+    envelope: dict[str, Any],
     timeline: dict[str, float],
     found: dict[str, Any] | None = None,
 ) -> None:
@@ -119,7 +119,7 @@ def send_result(
     try:
         conn.send(_stamped(result, timeline, found or {}))
     except BaseException as exc:  # e.g. a stand-in runner's result that does not pickle
-        conn.send(_stamped(failed_result(request, exc), timeline, found or {}))
+        conn.send(_stamped(failed_result(envelope, exc), timeline, found or {}))
 
 
 def _stamped(result: dict[str, Any], timeline: dict[str, float], found: dict[str, Any]) -> dict[str, Any]:
@@ -129,18 +129,18 @@ def _stamped(result: dict[str, Any], timeline: dict[str, float], found: dict[str
     return result
 
 
-def failed_result(request: dict[str, Any], exc: BaseException) -> dict[str, Any]:
+def failed_result(envelope: dict[str, Any], exc: BaseException) -> dict[str, Any]:
     """The cell's `error` result for an exception outside `run_cell` (its message and traceback).
 
     Nothing here touches torch: after a sticky CUDA error every CUDA call raises again, and this is
-    what reports it. When not even the cell can be read from the request, there is no result to
+    what reports it. When not even the cell can be read from the envelope, there is no result to
     build: the answer is `no_result`'s, which the actor reports as the cell's error.
     """
     try:
-        cell, protocol = Cell(**request["cell"]), MeasureProtocol.from_dict(request["protocol"])
+        cell, cid = envelope["request"].cell, envelope["request"].cell_id
     except Exception:
         return no_result("the cell's request could not be read", exc)
-    result = CellResult(cell_id(cell, protocol), cell, ERROR)
+    result = CellResult(cid, cell, ERROR)
     record_failure(result, ERROR, exc, release_device_memory=lambda: None)  # the process ends next anyway
     return result.to_dict()
 

@@ -13,7 +13,10 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvsweep.cell.request import CellRequest
 
 
 def gate_path(session_name: str) -> str:
@@ -42,19 +45,18 @@ class GatedRun:
         self.path, self.timeline = path, timeline
         self._held = contextlib.ExitStack()
 
-    def run(self, cell: dict, protocol: dict, testing: dict, options: dict) -> dict[str, Any]:
-        """The cell's result from `run_cell`, or from the stand-in runner `testing` names ("module:function")."""
+    def run(self, request: "CellRequest") -> dict[str, Any]:
+        """The cell's result from `run_cell`, or from the stand-in runner its seams name ("module:function")."""
         try:
-            if testing.get("runner"):
-                module, _, function = testing["runner"].partition(":")
+            if request.seams.runner:
+                module, _, function = request.seams.runner.partition(":")
                 runner = getattr(importlib.import_module(module), function)
                 self._imported()
-                return runner(cell, protocol, testing)
+                return runner(request)
             from kvsweep.cell.run_cell import run_cell
 
             self._imported()
-            split = int(testing.get("split_devices") or 0)
-            return run_cell(cell, protocol, testing.get("faults", []), on_phase=self, split_devices=split, **options)
+            return run_cell(request, on_phase=self)
         finally:
             self.release()
 

@@ -3,7 +3,7 @@ skipped (found before building it, or after, once its shape is known).
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,7 +25,7 @@ class Loaded:
     split: Split | None = None  # placed over several devices
 
 
-def fetched_source(cell: Cell, hub_cache: dict[str, str]) -> Cell:
+def fetched_source(cell: Cell, hub_cache: Mapping[str, str]) -> Cell:
     """The cell with its model read from where it lies: a Hub model the driver fetched, as its cached
     snapshot's folder (the weights and tokenizer then load with no request to the Hub); any other as it is."""
     if cell.model not in hub_cache:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvsweep.caches import CacheStrategy, get_strategy, register
+from kvsweep.caches import get_strategy, register
 from kvsweep.cell.call_inputs import feed_for
 from kvsweep.cell.checks import check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
@@ -24,9 +24,10 @@ from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.model_load import fetched_source, load_cell_model
 from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.quality_check import quality_or_nothing
+from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.cell.split import placement_record
-from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell, MeasureProtocol, cell_id
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.measure.bandwidth import device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import HostEvidence, HostMeter
@@ -45,37 +46,27 @@ from kvsweep.testing.faults import cuda_init_for, fault_for
 MAX_ERROR_CHARS = 500
 
 
-def run_cell(
-    cell_data: dict[str, Any],
-    protocol_data: dict[str, Any],
-    faults: list[dict[str, Any]] | None = None,
-    trust_remote_code: bool = False,
-    on_phase: Callable[[str], None] | None = None,
-    strategies: list[CacheStrategy] | None = None,
-    cpus_per_cell: int = 0,
-    hub_cache: dict[str, str] | None = None,
-    split_devices: int = 0,
-) -> dict[str, Any]:
-    """Entry point for the actor: plain dicts in, a plain dict out.
+def run_cell(request: CellRequest, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Entry point for the actor: the cell's request in, a plain dict out.
 
     `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
-    `strategies` are those the driver registered beyond the built-ins: this process learns them first.
-    `cpus_per_cell` is what Ray reserved for the cell (0: not known), for `resolve_threads`.
-    `hub_cache`: Hub models the driver fetched before any cell, each with the cache it fetched into ("": this
-    node's default); the cell loads them from that cached snapshot, with no request to the Hub.
-    `split_devices`: the `testing.split_devices` seam (the model placed over that many CPU devices).
-    Everything after reading the cell is inside the `try`: whatever fails (CUDA that cannot start
-    included) makes an `error` (or `oom`) result with its message, carrying the environment found so far.
+    The strategies the driver registered beyond the built-ins are learnt first; the Hub models it fetched
+    load from their cached snapshots, with no request to the Hub. Everything after reading the cell is
+    inside the `try`: whatever fails (CUDA that cannot start included) makes an `error` (or `oom`) result
+    with its message, carrying the environment found so far.
     """
-    cell, protocol = Cell(**cell_data), MeasureProtocol.from_dict(protocol_data)
-    result = CellResult(cell_id(cell, protocol), cell, OK)
-    faults = faults or []
+    cell, protocol, options, faults = request.cell, request.protocol, request.options, request.seams.faults
+    result = CellResult(request.cell_id, cell, OK)
     try:
-        for strategy in strategies or []:
+        for strategy in options.strategies:
             register(strategy)
         allowed_cpus = len(os.sched_getaffinity(0))
         threads = resolve_threads(
-            protocol.device, protocol.measure.threads, cpus_per_cell, os.environ.get("OMP_NUM_THREADS"), allowed_cpus
+            protocol.device,
+            protocol.measure.threads,
+            options.cpus_per_cell,
+            os.environ.get("OMP_NUM_THREADS"),
+            allowed_cpus,
         )
         torch.set_num_threads(threads.count)
         warnings.filterwarnings("ignore")
@@ -89,7 +80,7 @@ def run_cell(
             if applied is not None:
                 result.tags[ResultTag.MEMORY_LIMIT] = applied
             phase = on_phase or (lambda _: None)
-            _measure(cell, protocol, faults, trust_remote_code, result, phase, hub_cache, split_devices)
+            _measure(request, result, phase)
     except Exception as exc:
         kind = out_of_memory(exc, protocol.device)
         record_failure(result, OOM if kind else ERROR, exc)
@@ -124,23 +115,16 @@ def record_failure(
         release_device_memory()
 
 
-def _measure(
-    cell: Cell,
-    protocol: MeasureProtocol,
-    faults: list[dict[str, Any]],
-    trust_remote_code: bool,
-    result: CellResult,
-    on_phase: Callable[[str], None],
-    hub_cache: dict[str, str] | None = None,
-    split_devices: int = 0,
-) -> None:
+def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str], None]) -> None:
     """The one place that writes the cell's result: each step returns what it found, written here as it
     comes, so what was found before a step that fails (the load time, the compiled graphs, the noise
     verdict) stays on the failed cell."""
+    cell, protocol, faults = request.cell, request.protocol, request.seams.faults
+    trust_remote_code = request.options.trust_remote_code
     strategy = get_strategy(cell.cache)
     device = protocol.device
-    source = fetched_source(cell, hub_cache or {})
-    loaded = load_cell_model(cell, protocol, trust_remote_code, on_phase, source, split_devices)
+    source = fetched_source(cell, request.options.hub_cache)
+    loaded = load_cell_model(cell, protocol, trust_remote_code, on_phase, source, request.seams.split_devices)
     if isinstance(loaded, str):
         result.status, result.error = SKIPPED, loaded
         return

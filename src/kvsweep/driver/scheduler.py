@@ -41,13 +41,16 @@ from typing import Any
 import ray
 
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
+from kvsweep.cell.request import CellRequest, RunOptions
 from kvsweep.driver.actor_placement import Job, Placement, Running
 from kvsweep.driver.cell_resources import memory_ask, spares_wanted, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.template_launch import Templates
 from kvsweep.errors import first_line
+from kvsweep.grid import MeasureProtocol
 from kvsweep.names import ResultTag
 from kvsweep.results import CRASHED, ERROR, OOM, RETRIED_STATUSES, TIMEOUT, CellResult
+from kvsweep.testing.testing_config import Seams
 
 POLL_S = 0.5
 
@@ -82,27 +85,27 @@ class _Spare:
 class CellScheduler:
     def __init__(
         self,
-        protocol: dict[str, Any],
+        protocol: MeasureProtocol,
         limits: Limits,
-        testing: dict[str, Any] | None = None,
-        options: dict[str, Any] | None = None,
+        seams: Seams | None = None,
+        options: RunOptions | None = None,
         templates: Templates | None = None,
     ) -> None:
-        """`options` are `run_cell`'s keyword arguments (trust_remote_code, strategies, hub_cache);
-        `cpus_per_cell` is added here."""
+        """Each job becomes a `CellRequest`: its cell, `protocol`, `options` (with the CPUs Ray reserves for a
+        cell, resolved here) and the test `seams`."""
         self.protocol = protocol
         self.nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         self.needs = with_cpus_resolved(limits.needs, self.nodes)
         self.limits = replace(limits, needs=self.needs)
-        self.testing = testing or {}
-        self.options = {**(options or {}), "cpus_per_cell": self.needs.cpus}
+        self.seams = seams or Seams()
+        self.options = replace(options or RunOptions(), cpus_per_cell=self.needs.cpus)
         self.running: dict[Any, Running] = {}
         self.placement = Placement(limits.cell_timeout_s, limits.placing_grace_s)
         self.spares: deque[_Spare] = deque()
         self.prestart = spares_wanted(limits.prestart, self.needs)
         self.actor_class = ray.remote(max_restarts=0, max_task_retries=0, **self.needs.actor_options())(CellActor)
-        runner = self.testing.get("runner") or ""
-        self.gated = protocol.get("device", "cpu") == "cpu"  # see the module docstring
+        runner = self.seams.runner
+        self.gated = protocol.device == "cpu"  # see the module docstring
         # The handles keep the templates alive (Ray ends an actor when no handle refers to it).
         self.templates = templates  # launched by the driver at connect; None: cells are not forked
         self.template_problem = templates.wait() if templates is not None else ""
@@ -189,7 +192,8 @@ class CellScheduler:
                 continue
             ask = self._memory_ask(job)
             actor, placing = self._actor(memory=ask)
-            ref = actor.run.remote(job.cell.to_dict(), self.protocol, self.testing, self.options, self.forked)
+            request = CellRequest(job.cell, self.protocol, self.options, self.seams)
+            ref = actor.run.remote(request, self.forked)
             self.running[ref] = Running(job, actor, placing, ask)
             taken += 1
             started.append(job)

@@ -210,6 +210,7 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
     """Runs the jobs (and those their results ask for); on SIGINT/SIGTERM kills them, keeps what finished,
     returns the exit code (None: every job ran)."""
     from kvsweep.caches import registered_beyond_built_ins
+    from kvsweep.cell.request import RunOptions
     from kvsweep.driver.ray_session import send_strategies_by_value
     from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
@@ -223,13 +224,12 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
         max_retries=cfg.ray.max_retries,
         prestart=cfg.ray.prestart,
     )
-    options = {
-        "trust_remote_code": cfg.trust_remote_code,
-        "strategies": send_strategies_by_value(registered_beyond_built_ins()),  # an actor knows the built-ins
-        "hub_cache": hub_cache,  # fetched Hub models: each cell loads them from the cache, offline
-    }
-    protocol = sweep.source.protocol.to_dict()
-    scheduler = CellScheduler(protocol, limits, seams.to_dict(), options, templates=cluster.templates)
+    options = RunOptions(
+        trust_remote_code=cfg.trust_remote_code,
+        strategies=tuple(send_strategies_by_value(registered_beyond_built_ins())),  # an actor knows the built-ins
+        hub_cache=hub_cache,  # fetched Hub models: each cell loads them from the cache, offline
+    )
+    scheduler = CellScheduler(sweep.source.protocol, limits, seams, options, templates=cluster.templates)
     if scheduler.template_problem:
         sweep.say(f"no warm template ({scheduler.template_problem}); each cell imports in its own process")
 

@@ -5,29 +5,28 @@ tested on simulated clusters and measured on 2,000-cell grids.
 """
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.names import Metric
 from kvsweep.results import OK, CellResult
 
+if TYPE_CHECKING:
+    from kvsweep.cell.request import CellRequest
 
-def sleep_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+
+def sleep_cell(request: "CellRequest") -> dict[str, Any]:
     """'Measures' by sleeping `testing.sleep_s`; reports the sleep as its e2e time."""
     started = time.perf_counter()
-    time.sleep(float(testing.get("sleep_s", 0.0)))
+    time.sleep(request.seams.sleep_s)
     elapsed_ms = (time.perf_counter() - started) * 1e3
-    the_cell = Cell(**cell)
-    result = CellResult(
-        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: elapsed_ms}
-    )
+    result = CellResult(request.cell_id, request.cell, OK, metrics={Metric.E2E_MS: elapsed_ms})
     return result.to_dict()
 
 
 LEFT_BEHIND: list[Any] = []  # what a cell leaves in its process: a module global, a tensor
 
 
-def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+def state_cell(request: "CellRequest") -> dict[str, Any]:
     """Reports the process state it found, then leaves some behind (a global, a tensor, a compiled
     graph, a changed thread count) for the next cell to find, if processes were ever reused."""
     import os
@@ -47,28 +46,22 @@ def state_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str
     LEFT_BEHIND.append(torch.ones(1024))
     torch.set_num_threads(found["threads"] + 1)
     torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2))
-    the_cell = Cell(**cell)
-    result = CellResult(
-        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0}
-    )
+    result = CellResult(request.cell_id, request.cell, OK, metrics={Metric.E2E_MS: 1.0})
     result.environment["found"] = found
     return result.to_dict()
 
 
-def environ_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+def environ_cell(request: "CellRequest") -> dict[str, Any]:
     """Reports the names of the process's environment variables (`environment.environ_names`); names
     only, so that no secret's value reaches a result."""
     import os
 
-    the_cell = Cell(**cell)
-    result = CellResult(
-        cell_id(the_cell, MeasureProtocol.from_dict(protocol)), the_cell, OK, metrics={Metric.E2E_MS: 1.0}
-    )
+    result = CellResult(request.cell_id, request.cell, OK, metrics={Metric.E2E_MS: 1.0})
     result.environment["environ_names"] = sorted(os.environ)
     return result.to_dict()
 
 
-def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str, Any]) -> dict[str, Any]:
+def busy_cell(request: "CellRequest") -> dict[str, Any]:
     """Keeps one core busy for `testing.sleep_s`, as a GPU cell's kernel-launching thread does, while it
     meters the CPUs it may run on; tags the result with the host verdict a measured cell would get.
 
@@ -79,18 +72,17 @@ def busy_cell(cell: dict[str, Any], protocol: dict[str, Any], testing: dict[str,
     from kvsweep.measure.contention import HostEvidence, HostMeter
     from kvsweep.names import ResultTag
 
-    the_cell, the_protocol = Cell(**cell), MeasureProtocol.from_dict(protocol)
     meter = HostMeter()
-    time.sleep(max(0.0, float(testing.get("start_at", 0.0)) - time.time()))
+    time.sleep(max(0.0, request.seams.start_at - time.time()))
     metered_at = time.time()
     meter.start()
-    end = time.monotonic() + float(testing.get("sleep_s", 0.0))
+    end = time.monotonic() + request.seams.sleep_s
     while time.monotonic() < end:
         pass
     reading = meter.stop()
-    contended, contention = HostEvidence([reading], the_protocol.measure.max_host_contention).verdict()
+    contended, contention = HostEvidence([reading], request.protocol.measure.max_host_contention).verdict()
     shares = reading.to_dict() if reading is not None else {}
-    result = CellResult(cell_id(the_cell, the_protocol), the_cell, OK, metrics={Metric.E2E_MS: 1.0, **shares})
+    result = CellResult(request.cell_id, request.cell, OK, metrics={Metric.E2E_MS: 1.0, **shares})
     result.tags.update({ResultTag.CONTENDED: contended, ResultTag.CONTENTION: contention})
     result.environment.update(metered_cpus=",".join(map(str, meter.cpus)), metered_at=metered_at)
     return result.to_dict()

@@ -27,6 +27,7 @@ class Seams:
     hub: str = ""  # a folder of repos served in place of the Hugging Face Hub (fake_hub.py)
     split_devices: int = 0  # each cell's model placed over this many CPU devices, as over that many GPUs
     lease: dict[str, Any] = field(default_factory=dict)  # the parent run's lease times (LEASE_KEYS)
+    start_at: float = 0.0  # when the busy stand-in starts spinning (a test's shared window; not from the config)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
