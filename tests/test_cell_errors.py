@@ -96,7 +96,7 @@ class Unprintable(Exception):
         raise RuntimeError("no message")
 
 
-def unprintable_cell(cell: dict, protocol: dict, testing: dict) -> dict:
+def unprintable_cell(request: CellRequest) -> dict:
     """A stand-in runner (`testing.runner=test_cell_errors:unprintable_cell`) that fails that way."""
     raise Unprintable()
 

@@ -49,6 +49,7 @@ import ray
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.testing.testing_config import Seams
 
 ray.init(address="local", num_cpus=5, num_gpus=2, include_dashboard=False, log_to_driver=False,
          object_store_memory=80 * 1024 * 1024, logging_level="ERROR")
