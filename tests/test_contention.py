@@ -136,7 +136,8 @@ def test_the_same_cell_on_a_quiet_host_is_not_tagged_and_its_intervals_bracket_i
 
 @pytest.mark.slow
 def test_a_precision_target_is_measured_to_and_recorded():
-    loose = GUARDED | {"target_rel_ci": 0.5, "max_repeats": 30}  # +-50%: any quiet cell gets there
+    # +-50%: any quiet cell gets there
+    loose = MeasureProtocol.from_dict(GUARDED).with_measure(target_rel_ci=0.5, max_repeats=30).to_dict()
     result = measure_cell(CELL, loose)
     assert result["tags"]["kvsweep.ci_target"] == "met"
     assert result["metrics"]["repeats"] >= 6  # the fewest samples with a true 95% interval

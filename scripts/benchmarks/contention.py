@@ -38,9 +38,7 @@ from kvsweep_testkit.cells import measure_cell
 
 TITLE = "Contention: a small sweep beside a CPU burner, with and without the guard"
 DEFAULTS = MeasureConfig()
-BASE = protocol_of(
-    DEFAULTS, "cpu", inputs_spec(KvSweepConfig())
-).to_dict()  # the default preset's protocol (the schema's values)
+BASE = protocol_of(DEFAULTS, "cpu", inputs_spec(KvSweepConfig()))  # the default preset's protocol (the schema's)
 GUARD_ON = {"max_host_contention": DEFAULTS.max_host_contention, "max_discarded": DEFAULTS.max_discarded}
 GUARD_OFF = {"max_host_contention": 1.0, "max_discarded": 0}
 BURST_ON_S, BURST_OFF_S = 2.0, 2.0
@@ -85,7 +83,7 @@ def burners(on_s: float, off_s: float) -> Iterator[None]:
 
 def measure(cell: dict[str, Any], guard: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    result = measure_cell(cell, BASE | guard)
+    result = measure_cell(cell, BASE.with_measure(**guard))
     if result["status"] != "ok":
         raise RuntimeError(f"{cell['cache']} ctx={cell['context_length']}: {result['status']} {result['error']}")
     return {**result["metrics"], "tags": result["tags"], "wall_s": time.perf_counter() - started}
