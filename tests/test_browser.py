@@ -11,7 +11,7 @@ How MLflow 3.17's UI is reached by URL (found in its bundle, checked here):
 - The chart view with grouping and charts is a saved view: an experiment tag
   `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
   UI's Views menu writes), opened with `?compareRunsMode=CHART&viewStateShareKey=<key>`;
-  kvsweep writes one per sweep (tracking/view.py) and prints its link.
+  kvsweep writes one per sweep (tracking/mlflow_ui.py) and prints its link.
 """
 
 import os

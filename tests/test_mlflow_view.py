@@ -6,7 +6,7 @@ from mlflow import MlflowClient
 
 from kvsweep.config.compose import compose_config
 from kvsweep.tracking.client import SweepTracker
-from kvsweep.tracking.view import group_keys, group_keys_from_config
+from kvsweep.tracking.mlflow_ui import group_keys, group_keys_from_config
 
 
 def test_every_varying_axis_but_the_x_axis_is_a_group_key():

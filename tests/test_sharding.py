@@ -10,8 +10,7 @@ import torch
 from kvsweep.caches import get_strategy
 from kvsweep.cli import main
 from kvsweep.grid import Cell
-from kvsweep.models.build import build_model, torch_dtype_of
-from kvsweep.models.device_map import Split, build_split_model, decoder_layers, device_map
+from kvsweep.models.build import Split, build_model, build_split_model, decoder_layers, device_map, torch_dtype_of
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak, layer_costs

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from kvsweep.caches.layer_tokens import layer_kv_bytes, state_bytes, windowed_kv_bytes
 from kvsweep.caches.strategy import CacheStrategy, KvDims
-from kvsweep.dtypes import DTYPE_BYTES
+from kvsweep.units import DTYPE_BYTES
 
 # (elements of one K or V tensor, the axis its groups run along) -> bytes of its packed codes
 PackedCodes = Callable[[int, int], int]

@@ -22,7 +22,7 @@ state layers never move.
 """
 
 from kvsweep.caches.strategy import CacheStrategy, KvDims
-from kvsweep.dtypes import DTYPE_BYTES
+from kvsweep.units import DTYPE_BYTES
 
 
 def windows(shape: KvDims) -> tuple[int | None, ...]:

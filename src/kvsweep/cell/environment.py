@@ -66,7 +66,7 @@ def describe_host(device: str) -> dict[str, Any]:
 def describe_device(device: str, gpus: int = 1) -> dict[str, Any]:
     """The device the cell measures on (on CUDA, once `start_device` has started it).
 
-    On CUDA, each of the cell's `gpus` GPUs (those `cell/split.py::cell_devices` places a model over):
+    On CUDA, each of the cell's `gpus` GPUs (those `cell/model_load.py::cell_devices` places a model over):
     `gpu_uuids` and the NUMA node each hangs off (`gpu_numa_nodes`, -1: unknown), comma-separated in device
     order; `gpu_index` and `gpu_uuid` are the first's, as before cells spanned GPUs.
     """

@@ -21,12 +21,11 @@ from kvsweep.cell.checks import check_cache, check_compiled, check_cudagraphs_us
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.memory_limit import memory_limit
-from kvsweep.cell.model_load import fetched_source, load_cell_model
+from kvsweep.cell.model_load import fetched_source, load_cell_model, placement_record
 from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
-from kvsweep.cell.split import placement_record
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.measure.bandwidth import device_bandwidth
 from kvsweep.measure.compile_events import compile_events, cudagraph_skips

@@ -77,8 +77,8 @@ def compare(args: argparse.Namespace) -> int:
     from kvsweep.compare.comparison import compare_sweeps
     from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, drift_thresholds
     from kvsweep.compare.tables import terminal_text
+    from kvsweep.tracking.mlflow_ui import default_tracking_uri
     from kvsweep.tracking.store import open_client
-    from kvsweep.tracking.urls import default_tracking_uri
 
     for flag, given in (("--threshold", args.threshold), ("--memory-threshold", args.memory_threshold)):
         if given is not None and not given >= 0:
@@ -120,8 +120,8 @@ def _given_thresholds(args: argparse.Namespace, timing: float, memory: float) ->
 
 def _side(client: Any, uri: str, experiment: str, ref: str) -> "SweepSide":
     from kvsweep.compare.comparison import SweepSide
+    from kvsweep.tracking.mlflow_ui import run_url
     from kvsweep.tracking.readback import cell_results
-    from kvsweep.tracking.urls import run_url
 
     run = resolve(client, experiment, ref)
     experiment_id = run.info.experiment_id
@@ -163,7 +163,7 @@ def resolve(client: Any, experiment: str, ref: str) -> Any:
 
 def _log(client: Any, uri: str, comparison: Any, folder: Path) -> str:
     """A run in B's experiment, tagged with both parents, holding the files; its URL."""
-    from kvsweep.tracking.urls import run_url
+    from kvsweep.tracking.mlflow_ui import run_url
 
     experiment_id = client.get_run(comparison.b.run_id).info.experiment_id
     a, b = comparison.a, comparison.b

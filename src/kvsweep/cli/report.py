@@ -58,9 +58,9 @@ def rebuild_report(
     from kvsweep.redact import redact_uri
     from kvsweep.report.report_files import ReportContext, settings_from, write_report, write_tables
     from kvsweep.tracking.client import tag_runs
+    from kvsweep.tracking.mlflow_ui import default_tracking_uri, run_url
     from kvsweep.tracking.readback import cell_results, latest_sweep
     from kvsweep.tracking.store import open_client
-    from kvsweep.tracking.urls import default_tracking_uri, run_url
 
     uri = default_tracking_uri(tracking_uri)
     client = open_client(uri)  # a sweep may be making a fresh sqlite store's tables right now

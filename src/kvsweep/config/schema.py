@@ -14,8 +14,8 @@ from hydra.core.config_store import ConfigStore
 
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.config.setting import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, Bound, one_of, setting
-from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.names import Metric
+from kvsweep.units import DTYPE_BYTES
 
 RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)  # what `report.rank_by` (and `--rank-by`) accept
 DEVICES = ("auto", "cuda", "cpu")  # what `device` accepts

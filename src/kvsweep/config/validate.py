@@ -11,10 +11,10 @@ from typing import Any
 
 from kvsweep.caches import get_strategy
 from kvsweep.config.schema import DEVICES, RANK_BY, Bound, KvSweepConfig
-from kvsweep.dtypes import DTYPE_BYTES as DTYPES
 from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
+from kvsweep.units import DTYPE_BYTES as DTYPES
 
 
 def validate(cfg: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ def run_sweep(
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.native_builds import prebuild
     from kvsweep.driver.ray_session import prewarm
-    from kvsweep.tracking.urls import default_tracking_uri
+    from kvsweep.tracking.mlflow_ui import default_tracking_uri
 
     inputs, seams, say = inputs or choose_inputs(cfg), seams or Seams(), Lines(out or sys.stdout)
     uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts (it changes directory)

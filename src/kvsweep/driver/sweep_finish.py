@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def finish(sweep: "Sweep") -> int:
     """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
-    from kvsweep.tracking.urls import compare_url, runs_url
+    from kvsweep.tracking.mlflow_ui import compare_url, runs_url
 
     results, run_dir, say, tracking = sweep.results, sweep.run_dir, sweep.say, sweep.tracking
     sink, journal = tracking.sink, tracking.journal
@@ -69,7 +69,7 @@ def _write_report(sweep: "Sweep") -> "Report | None":
     results, run_dir, cfg, sink, say = sweep.results, sweep.run_dir, sweep.cfg, sweep.tracking.sink, sweep.say
     from kvsweep.driver.capacity_search import search_settings
     from kvsweep.report.report_files import CapacityContext, ReportContext, settings_from, write_report
-    from kvsweep.tracking.urls import run_url
+    from kvsweep.tracking.mlflow_ui import run_url
 
     links, parent_url = {}, ""
     try:

@@ -16,14 +16,13 @@ from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.layer_tokens import layer_state_bytes, layer_states, offloads, windowed_kv_bytes, windows
-from kvsweep.dtypes import DTYPE_BYTES
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_layout import Block, WeightLayout
 from kvsweep.models.weight_schemes import block_bytes, layout_bytes, weight_scheme
 from kvsweep.plan.kv_prediction import cell_device_kv_bytes
 from kvsweep.plan.sharding import GpuLoad, LayerCosts, split_layers
-from kvsweep.units import GB
+from kvsweep.units import DTYPE_BYTES, GB
 
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.
 CUDA_CONTEXT_BYTES = 1 << 30

@@ -33,9 +33,9 @@ from kvsweep.names import (
 )
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
+from kvsweep.tracking.mlflow_ui import group_keys_from_config, save_compare_view
 from kvsweep.tracking.readback import child_runs, latest_sweep
 from kvsweep.tracking.store import open_client
-from kvsweep.tracking.view import group_keys_from_config, save_compare_view
 
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries
 # itself with backoff and keeps results in its journal meanwhile. Users can still override these.
@@ -123,7 +123,7 @@ class SweepTracker:
             self.client.log_artifacts(parent_run_id, str(folder), REPORT_DIR)
 
     def save_compare_view(self, parent_run_id: str, sweep: str, groups: list[str]) -> None:
-        """The sweep's saved chart view in the UI, one line per configuration (see view.py)."""
+        """The sweep's saved chart view in the UI, one line per configuration (see `mlflow_ui.py`)."""
         save_compare_view(self.client, self.experiment_id, parent_run_id, sweep, groups)
 
     def tag_cells(self, tags_by_run: dict[str, dict[str, str]]) -> None:

@@ -1,4 +1,5 @@
-"""A saved "compare strategies" view in MLflow's UI for each sweep, opened by one printed link.
+"""Where things are: the tracking URI a sweep uses, the MLflow UI pages a person opens, and the saved
+"compare strategies" view in MLflow's UI for each sweep, opened by one printed link.
 
 MLflow 3's runs page keeps grouping and charts in saved views: an experiment tag
 `mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
@@ -12,12 +13,48 @@ by `cache` alone would average a batch-1 and a batch-4 cell into one point.
 """
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, with_interval
+from kvsweep.redact import redact_uri
+
+
+def default_tracking_uri(configured: str) -> str:
+    """Config, then MLFLOW_TRACKING_URI, then an absolute sqlite file in the current directory.
+
+    Made absolute before Ray starts: a relative sqlite path would mean another file elsewhere.
+    """
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    if "://" not in uri:  # a bare path
+        return f"sqlite:///{Path(uri).resolve()}"
+    return uri
+
+
+def runs_url(tracking_uri: str, experiment_id: str) -> str:
+    """Where a person sees the sweep's runs (the UI opens experiments elsewhere by default)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{redact_uri(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs"
+    return f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+
+
+def compare_url(tracking_uri: str, experiment_id: str, parent_run_id: str) -> str:
+    """The sweep's saved view: cells grouped by cache, metrics charted against context length."""
+    return runs_url(tracking_uri, experiment_id) + compare_view_query(parent_run_id)
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """One run's page in the MLflow UI (for a local store: the `mlflow ui` default address)."""
+    return runs_url(tracking_uri, experiment_id).removesuffix("/runs") + f"/runs/{run_id}"
+
 
 CHARTS = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.KV_CACHE_BYTES, Metric.HOST_OTHER_CPU_SHARE)
 # The runs table of the view: the cell's axes, its numbers with their 95% intervals, the contention
