@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from kvsweep.config.schema import KvSweepConfig
     from kvsweep.driver.job_sources import JobSource
     from kvsweep.driver.sweep_tracking import Tracking
-    from kvsweep.inputs.spec import InputSpec
+    from kvsweep.plan.sweep_plan import PlanLimits
 
 FETCH_TIMEOUT_S = 4 * 3600.0  # a 16 GB checkpoint over a slow link; each cell keeps its own timeout
 PROGRESS_EVERY_S = 30.0
@@ -190,7 +190,7 @@ def plan_after(
 def fetch_for_sweep(
     cfg: "KvSweepConfig",
     device: str,
-    spec: "InputSpec",
+    limits: "PlanLimits",
     source: "JobSource",
     tracking: "Tracking",
     hub_folder: str,
@@ -204,7 +204,6 @@ def fetch_for_sweep(
     from kvsweep.driver.sweep_tracking import log_parent_metric
     from kvsweep.names import HUB_FETCH_S
     from kvsweep.plan.cell_plan import plan_cell
-    from kvsweep.plan.sweep_plan import plan_limits
 
     pending = source.pending(tracking.done)
     models = models_to_fetch(pending, source.problems)
@@ -213,7 +212,6 @@ def fetch_for_sweep(
     settings, started = hub_settings(), time.monotonic()
     fetches = prefetch(models, settings, say, source_for(hub_folder), cfg.trust_remote_code, device)
     log_parent_metric(tracking, HUB_FETCH_S, time.monotonic() - started, say)
-    limits = plan_limits(cfg, device, spec)
 
     def replan(cell: Cell, facts: ModelFacts) -> PlannedCell:  # from the files the nodes fetched
         return plan_cell(

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.software_survey import Survey
     from kvsweep.driver.template_launch import Templates
+    from kvsweep.plan.sweep_plan import PlanLimits
 
 
 def run_sweep(
@@ -64,14 +65,15 @@ def run_sweep(
     tracking: Tracking | None = None
     try:
         cluster = connect(cfg, session, say)
-        source = plan_jobs(cfg, cluster.device, inputs, run_dir)
+        limits = plan_limits(cfg, cluster.device, inputs.spec)  # found once: on CUDA it asks the local GPUs
+        source = plan_jobs(cfg, cluster.device, inputs, limits, run_dir)
         try:
             tracking = open_tracking(cfg, redact_text(config_yaml), run_dir, uri, cluster.device, source, seams, say)
         except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
             print(f"kvsweep: {held}", file=sys.stderr, flush=True)
             return 2
-        hub_cache = fetch_for_sweep(cfg, cluster.device, inputs.spec, source, tracking, seams.hub, say)
-        write_plan(source, cfg, cluster.device, inputs, run_dir)
+        hub_cache = fetch_for_sweep(cfg, cluster.device, limits, source, tracking, seams.hub, say)
+        write_plan(source, cluster.device, limits, run_dir)
         pending = source.pending(tracking.done)
         source.replace(pending, prebuild(pending, cluster.device, say), source.problems)
         sweep = Sweep(cfg, run_dir, inputs, tracking, source, cluster.software, say)
@@ -129,12 +131,13 @@ def connect(cfg: KvSweepConfig, session: "RaySession", say: Callable[[str], None
     return Cluster(session, device, needs, launch_templates() if cfg.ray.fork_cells else None, software)
 
 
-def plan_jobs(cfg: KvSweepConfig, device: str, inputs: "InputsChoice", run_dir: Path) -> JobSource:
+def plan_jobs(
+    cfg: KvSweepConfig, device: str, inputs: "InputsChoice", limits: "PlanLimits", run_dir: Path
+) -> JobSource:
     """The sweep's source of jobs, planned (the plan in the run folder's `plan.txt`): the grid's cells, or
     with `search.batch`/`search.contexts` the capacity searches and their first probes."""
     from kvsweep.driver.capacity_search import plan_searches
 
-    limits = plan_limits(cfg, device, inputs.spec)
     protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus)
     source: JobSource
     if cfg.search.batch or cfg.search.contexts:
@@ -143,14 +146,14 @@ def plan_jobs(cfg: KvSweepConfig, device: str, inputs: "InputsChoice", run_dir: 
     else:
         cells, problems = plan_sweep(cfg, device, limits, inputs.by_model)
         source = GridJobs(protocol, cells, problems)
-    write_plan(source, cfg, device, inputs, run_dir)
+    write_plan(source, device, limits, run_dir)
     return source
 
 
-def write_plan(source: JobSource, cfg: KvSweepConfig, device: str, inputs: "InputsChoice", run_dir: Path) -> None:
+def write_plan(source: JobSource, device: str, limits: "PlanLimits", run_dir: Path) -> None:
     """`plan.txt` in the run folder: written when planned, again once Hub models are fetched and planned."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.txt").write_text(redact_text(source.plan_text(device, plan_limits(cfg, device, inputs.spec))))
+    (run_dir / "plan.txt").write_text(redact_text(source.plan_text(device, limits)))
 
 
 @dataclass
