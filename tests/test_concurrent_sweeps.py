@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, cell_runs
-from kvsweep.tracking.journal import JOURNAL_NAME, Journal
 
 CELLS = ("grid.caches=[dynamic,static]", "grid.context_lengths=[64,128]")  # 4 cells
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -65,6 +64,16 @@ def one_run_per_cell(server: str, experiment: str) -> dict[str, list]:
     return by_parent
 
 
+def finished_in_mlflow(server: str, experiment: str) -> int:
+    """How many cells of the experiment MLflow holds with a status (0 while it does not exist yet)."""
+    from mlflow import MlflowClient
+
+    if MlflowClient(tracking_uri=server).get_experiment_by_name(experiment) is None:
+        return 0
+    _, children = cell_runs(server, experiment)
+    return sum("kvsweep.status" in c.data.tags for c in children)
+
+
 def two_at_once(tmp_path: Path, server: str, experiment: str, gap_s: float, *extra: str) -> str:
     """Two identical sweeps `gap_s` apart: one measures (exit 0), the other refuses in one line naming the
     first's host and pid (exit 2) having measured nothing. The one that measured's output."""
@@ -104,15 +113,15 @@ def test_after_sigkill_one_of_two_restarts_resumes_the_parent(mlflow_server, tmp
     experiment = f"restart-{by_pid}"
     lease = [f"+testing.lease={{period_s: 4, by_pid: {str(by_pid).lower()}}}"]
     killed = start(tmp_path, "killed", mlflow_server, experiment, "+testing.sleep_s=4", *lease)
-    journal = tmp_path / "killed" / JOURNAL_NAME
     deadline = time.monotonic() + 300
-    while not (journal.exists() and Journal(journal.parent).read().results):
+    while not finished_in_mlflow(mlflow_server, experiment):  # the journal alone may be ahead of MLflow's sink
         assert killed.poll() is None and time.monotonic() < deadline, killed.communicate()
         time.sleep(0.3)
     os.killpg(killed.pid, signal.SIGKILL)  # the driver and its Ray: no chance to release the lease
     killed.wait(timeout=30)
     [(parent, before)] = one_run_per_cell(mlflow_server, experiment).items()
     done_before = {c.data.tags["kvsweep.cell_id"] for c in before if "kvsweep.status" in c.data.tags}
+    assert 1 <= len(done_before) < 4, done_before  # killed mid-sweep, with something to resume
 
     out = two_at_once(tmp_path, mlflow_server, experiment, 1.0, *lease)
     assert f"resuming: {len(done_before)} of 4 cells" in out
