@@ -15,7 +15,7 @@ from kvsweep.cell.call_inputs import random_ids
 from kvsweep.cell.checks import CudaGraphsSkipped, check_cudagraphs_used
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.measure.compile_events import cudagraph_skips
+from kvsweep.measure.phase_meters import cudagraph_skips
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
 from kvsweep_testkit.cells import measure_cell

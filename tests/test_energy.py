@@ -24,8 +24,7 @@ from kvsweep.measure.energy import (
 )
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.phase_meters import PhaseMeters
-from kvsweep.measure.sampling import measure_phase
-from kvsweep.measure.timing import TokenTimes
+from kvsweep.measure.sampling import TokenTimes, measure_phase
 from test_sampling import BUSY, QUIET, ScriptedMeter  # what others took of the CPUs, scripted per call
 
 

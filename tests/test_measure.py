@@ -7,8 +7,8 @@ import torch
 from kvsweep.measure import peak_memory
 from kvsweep.measure.kv_reading import cache_bytes
 from kvsweep.measure.peak_memory import PeakMemoryMeter
+from kvsweep.measure.sampling import TokenTimes
 from kvsweep.measure.statistics import median, percentile
-from kvsweep.measure.timing import TokenTimes
 from kvsweep.redact import redact_uri
 
 

@@ -17,8 +17,7 @@ from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.measure.contention import CallContention
 from kvsweep.measure.kv_reading import cache_bytes
-from kvsweep.measure.sampling import measure_phase
-from kvsweep.measure.timing import TokenTimes
+from kvsweep.measure.sampling import TokenTimes, measure_phase
 from kvsweep.plan.calls import most_measured, worst_case_calls
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.kv_prediction import decode_kv_traffic

@@ -12,8 +12,7 @@ import pytest
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.grid import RULES_OFF
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.sampling import measure_phase
-from kvsweep.measure.timing import TokenTimes
+from kvsweep.measure.sampling import TokenTimes, measure_phase
 
 QUIET = CallContention(other_s=0.0, steal_s=0.0, capacity_s=2.0, cpus=2)
 BUSY = CallContention(other_s=1.0, steal_s=0.0, capacity_s=2.0, cpus=2)  # others took half

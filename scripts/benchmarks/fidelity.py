@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import Section, device, fmt, markdown_table, median, plain_generate_kwargs, ratio, timed_generate
 from kvsweep.cell.call_inputs import random_ids
 from kvsweep.grid import MeasureProtocol
-from kvsweep.measure.timing import TokenClock
+from kvsweep.measure.sampling import TokenClock
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
 from kvsweep_testkit.cells import measure_cell

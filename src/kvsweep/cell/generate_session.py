@@ -24,9 +24,8 @@ from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
 from kvsweep.measure.kv_reading import KvBytes, cache_bytes
 from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, PeakMemoryMeter
-from kvsweep.measure.timing import TokenClock, TokenTimes
-from kvsweep.testing.fault_kinds import Fault
-from kvsweep.testing.faults import InjectFault
+from kvsweep.measure.sampling import TokenClock, TokenTimes
+from kvsweep.testing.faults import Fault, InjectFault
 
 
 @dataclass

@@ -11,8 +11,7 @@ from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.process import out_of_memory
 from kvsweep.cell.task_check import TaskOutcome, task_accuracy
-from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl
-from kvsweep.measure.summary import token_agreement
+from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl, token_agreement
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from kvsweep.measure.contention import CallContention, HostEvidence, gpu_verdict
 from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.energy import Energy
 from kvsweep.measure.gpu_sharing import GpuSharing
-from kvsweep.measure.sampling import MeasuredPhase
-from kvsweep.measure.summary import summarize_runs
+from kvsweep.measure.sampling import MeasuredPhase, summarize_runs
 from kvsweep.models.shape import KvShape
 from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.kv_prediction import cell_dense_kv_bytes, decode_kv_traffic

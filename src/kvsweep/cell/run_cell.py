@@ -28,12 +28,11 @@ from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.measure.bandwidth import device_bandwidth
-from kvsweep.measure.compile_events import compile_events, cudagraph_skips
 from kvsweep.measure.contention import HostEvidence, HostMeter
 from kvsweep.measure.energy import nvml_energy_counter
 from kvsweep.measure.gpu_sharing import SharingProbe
 from kvsweep.measure.peak_memory import CudaMemory
-from kvsweep.measure.phase_meters import PhaseMeters
+from kvsweep.measure.phase_meters import PhaseMeters, compile_events, cudagraph_skips
 from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
 from kvsweep.models.resolve import classify

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from kvsweep.config.measure_config import MeasureConfig
-from kvsweep.config.setting import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, Bound, one_of, setting
+from kvsweep.config.measure_config import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, Bound, MeasureConfig, one_of, setting
 from kvsweep.names import Metric
 from kvsweep.units import DTYPE_BYTES
 

@@ -8,15 +8,14 @@ inside. A call's peak memory is read within the call (`GenerateSession.call`), a
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.measure.energy import Energy, EnergyCounter, EnergyMeter, EnergyReads, EnergySpan, phase_energy
 from kvsweep.measure.gpu_sharing import GpuSharing, SharingProbe
-from kvsweep.measure.sampling import CallMeter, MeasuredPhase, measure_phase
-from kvsweep.measure.timing import TokenTimes
+from kvsweep.measure.sampling import CallMeter, MeasuredPhase, TokenTimes, measure_phase
 
 T = TypeVar("T")
 
@@ -80,3 +79,45 @@ def _with_energy(reads: EnergyReads, work: Callable[[], T]) -> tuple[T, EnergySp
     meter.start()
     result = work()
     return result, meter.stop()
+
+
+def compile_events() -> int:
+    """Graphs compiled plus CUDA graphs recorded so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]) + cudagraphs_recorded()
+
+
+def cudagraphs_recorded() -> int:
+    """Recordings held by Inductor's CUDA graph trees on every device (0 where none were made)."""
+    try:
+        import torch
+        from torch._inductor import cudagraph_trees as trees
+
+        if not torch._C._is_key_in_tls("tree_manager_containers"):
+            return 0
+        containers: dict[int, Any] = trees.get_obj(trees.local, "tree_manager_containers")
+    except Exception:  # another torch's internals: no recordings can be counted
+        return 0
+    total = 0
+    for container in list(containers.values()):
+        manager = getattr(container, "tree_manager", None)
+        if manager is not None and manager.roots is not None:
+            total += sum(_nodes(node) for nodes in manager.roots.values() for node in nodes)
+    return total
+
+
+def _nodes(node: Any) -> int:
+    return 1 + sum(_nodes(child) for children in node.children.values() for child in children)
+
+
+def cudagraph_skips(counters: Mapping[str, Mapping[str, int]] | None = None) -> int:
+    """Graphs Inductor chose to run without CUDA graphs so far in this process.
+
+    `counters`: torch's counters (`torch._dynamo.utils.counters` when None), by group then name.
+    """
+    if counters is None:
+        from torch._dynamo.utils import counters as torch_counters
+
+        counters = torch_counters
+    return int(counters.get("inductor", {}).get("cudagraph_skips", 0))

@@ -77,3 +77,12 @@ def kl_divergence(reference_log_probs: torch.Tensor, candidate_log_probs: torch.
     p = reference_log_probs.exp()
     terms = torch.where(p > 0, p * (reference_log_probs - candidate_log_probs), torch.zeros_like(p))
     return terms.sum(dim=-1).clamp_min(0.0).mean()
+
+
+def token_agreement(tokens: torch.Tensor, baseline: torch.Tensor) -> dict[str, float]:
+    """Share of generated positions equal to the baseline, and the first position that differs."""
+    equal = tokens == baseline
+    per_position = equal.all(dim=0)
+    diverged = (~per_position).nonzero()
+    first = int(diverged[0, 0]) if diverged.numel() else tokens.shape[1]
+    return {Metric.TOKEN_AGREEMENT: float(equal.float().mean()), Metric.FIRST_DIVERGENCE: float(first)}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.errors import ConfigError
-from kvsweep.testing.fault_kinds import FAULTS, PHASES, START_FAULTS, default_phase
+from kvsweep.testing.faults import FAULTS, PHASES, START_FAULTS, default_phase
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
 SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices", "lease")
