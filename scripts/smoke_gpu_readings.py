@@ -18,7 +18,7 @@ from statistics import median
 
 from kvsweep.cell.cpu_slots import SLOT
 from kvsweep.cell.gpu_numa import nearest_node
-from kvsweep.cell.nvml_restart import RESTARTED
+from kvsweep.cell.process import RESTARTED
 from kvsweep.names import Metric, ResultTag
 from kvsweep.results import CellResult
 

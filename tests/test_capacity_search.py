@@ -274,7 +274,7 @@ def test_a_sweep_started_before_the_capacity_keys_resumes_under_the_same_key():
     import json
     from dataclasses import asdict
 
-    from kvsweep.driver.sweep_identity import sweep_key
+    from kvsweep.driver.sweep_tracking import sweep_key
 
     cfg = compose_config([]).config
     whole = asdict(cfg)

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from conftest import cell_runs
-from kvsweep.testing.reported_software import REPORTED_VERSIONS_ENV
+from kvsweep.testing.testing_config import REPORTED_VERSIONS_ENV
 from test_cluster import sweep  # 8 stand-in cells sleeping 3 s: the first 6 at once, on every node
 
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}

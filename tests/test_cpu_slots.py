@@ -16,7 +16,7 @@ import pytest
 
 from conftest import burner_on
 from kvsweep.cell.cpu_slots import AFFINITY, SLOT, CpuPlace, CpuSlots, cores_to_ask, read_places, shared
-from kvsweep.cell.nvml_restart import restart_nvml
+from kvsweep.cell.process import restart_nvml
 from kvsweep.cell.request import CellRequest
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.testing.testing_config import Seams

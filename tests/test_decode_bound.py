@@ -5,8 +5,16 @@ import time
 import numpy as np
 import pytest
 
-from kvsweep.measure.bandwidth import COPY_PLANS, COPY_ROUNDS, Bandwidth, copy_bandwidth_gbps, device_bandwidth
-from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes, implausible
+from kvsweep.measure.bandwidth import (
+    COPY_PLANS,
+    COPY_ROUNDS,
+    Bandwidth,
+    bandwidth_metrics,
+    copy_bandwidth_gbps,
+    decode_weight_bytes,
+    device_bandwidth,
+    implausible,
+)
 
 MIB = 1 << 20
 

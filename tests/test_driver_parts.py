@@ -11,7 +11,7 @@ import time
 from mlflow import MlflowClient
 
 from conftest import free_port
-from kvsweep.driver.oom_inference import OomPruner
+from kvsweep.driver.job_sources import OomPruner
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id

@@ -5,7 +5,7 @@ import fcntl
 
 import pytest
 
-from kvsweep.cell.host_lock import GatedRun
+from kvsweep.cell.process import GatedRun
 from kvsweep.cell.request import CellRequest
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.testing.testing_config import Seams

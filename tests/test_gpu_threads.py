@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvsweep.cell.process import Threads, resolve_threads
-from kvsweep.driver.cell_resources import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
+from kvsweep.driver.actor_placement import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.grid import MeasureProtocol
 from kvsweep_testkit.cells import measure_cell

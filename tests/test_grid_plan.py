@@ -32,7 +32,7 @@ def test_grid_is_the_cartesian_product_without_pointless_compile_twins():
 
 
 def test_the_grid_keeps_the_configs_order_and_the_sweep_queues_small_cells_first():
-    from kvsweep.driver.oom_inference import size_order
+    from kvsweep.driver.job_sources import size_order
     from kvsweep.driver.scheduler import Job
 
     unsorted = {**GRID, "dtypes": ["float32"], "context_lengths": [1024, 256], "batch_sizes": [4, 1]}

@@ -11,7 +11,7 @@ import pytest
 import ray
 
 from kvsweep.cell.actor import CellActor
-from kvsweep.driver.cell_resources import memory_ask
+from kvsweep.driver.actor_placement import memory_ask
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 from kvsweep.grid import Cell, MeasureProtocol, cell_id

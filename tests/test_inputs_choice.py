@@ -18,8 +18,7 @@ from kvsweep.config.compose import compose_config
 from kvsweep.driver.inputs_choice import choose_inputs
 from kvsweep.errors import ConfigError
 from kvsweep.inputs.prompt_file import read_prompt_file
-from kvsweep.models.resolve import classify
-from kvsweep.models.tokenizer import load_tokenizer, tokenizer_problem
+from kvsweep.models.resolve import classify, load_tokenizer, tokenizer_problem
 
 SENTENCES = ["the pass key is hidden in the text", "what is the pass key", "remember it"]
 PRESET_REASON = "a bundled preset has random weights and no tokenizer"

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell
-from kvsweep.measure.kv_reading import cache_bytes
+from kvsweep.measure.cache_identity import cache_bytes
 from kvsweep.models.build import build_model
 from kvsweep.models.facts import read_facts
 from kvsweep.models.resolve import classify, kv_shape, load_config

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvsweep.measure import peak_memory
-from kvsweep.measure.kv_reading import cache_bytes
+from kvsweep.measure.cache_identity import cache_bytes
 from kvsweep.measure.peak_memory import PeakMemoryMeter
 from kvsweep.measure.sampling import TokenTimes
 from kvsweep.measure.statistics import median, percentile

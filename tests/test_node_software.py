@@ -17,7 +17,7 @@ import pytest
 import kvsweep
 from kvsweep.driver.node_software import describe_software, fingerprint
 from kvsweep.driver.software_survey import NodeReport, gpu_models, mismatch_line, software_differences
-from kvsweep.testing.reported_software import REPORTED_VERSIONS_ENV
+from kvsweep.testing.testing_config import REPORTED_VERSIONS_ENV
 
 BACKENDS = ("optimum-quanto", "hqq", "bitsandbytes", "torchao")
 

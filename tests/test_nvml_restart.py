@@ -7,7 +7,7 @@ scripts/gpu_smoke.sh.
 """
 
 from fake_nvml import FakeGpu, FakeNvml
-from kvsweep.cell.nvml_restart import FAILED, RESTARTED, restart_nvml
+from kvsweep.cell.process import FAILED, RESTARTED, restart_nvml
 
 
 def test_the_forkservers_nvml_is_replaced_by_this_processs_own():

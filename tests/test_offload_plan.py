@@ -15,13 +15,12 @@ from kvsweep.caches import get_strategy
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import InputSpec
+from kvsweep.measure.cache_identity import cache_bytes
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.kv_reading import cache_bytes
 from kvsweep.measure.sampling import TokenTimes, measure_phase
-from kvsweep.plan.calls import most_measured, worst_case_calls
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.kv_prediction import decode_kv_traffic
-from kvsweep.plan.offload import HostLimits, estimate_offload
+from kvsweep.plan.offload import HostLimits, estimate_offload, most_measured, worst_case_calls
 from kvsweep.plan.sweep_plan import model_facts
 
 PER_TOKEN = 32 * 8 * 128 * 2 * 2

@@ -2,7 +2,7 @@
 
 A row is a cell run for real by `run_cell` (each cell once in a session: `measured_cell`). Its `kv_cache_bytes`,
 `kv_cache_device_bytes` and `kv_cache_host_bytes` are read from the tensors of the cache `generate` returned
-(`measure/kv_reading.py`); the planner's figures for the same cell come from the model's shape alone, before
+(`measure/cache_identity.py`); the planner's figures for the same cell come from the model's shape alone, before
 anything runs. They must be equal, byte for byte.
 
 The strategies are the registry's (`cache_names()`: a strategy registered tomorrow is a row tomorrow), with a

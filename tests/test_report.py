@@ -117,7 +117,7 @@ def test_a_quantized_cache_slower_than_dynamic_is_advised_against_as_the_default
 
 
 def test_low_agreement_means_below_the_sweeps_threshold():
-    from kvsweep.tracking.delivery import quality_tags
+    from kvsweep.tracking.journal import quality_tags
 
     def tag(agreement, params):
         return quality_tags(result("quantized-hqq-int4", token_agreement=agreement), params)

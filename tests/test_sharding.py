@@ -255,7 +255,7 @@ def test_a_capacity_search_over_two_gpus_predicts_its_boundary_from_the_fullest_
     """70B in bf16 at 8k context on 80 GB cards: one GPU cannot hold batch 1, two hold a batch whose predicted
     fullest GPU fits and one more row does not."""
     from kvsweep.capacity.frontier import BATCH, FrontierKey
-    from kvsweep.plan.capacity_probes import predicted_boundary
+    from kvsweep.plan.cell_plan import predicted_boundary
 
     facts = read_facts(classify("llama-3.1-70b"))
     key = FrontierKey(BATCH, "llama-3.1-70b", "bfloat16", "dynamic", False, NEW, "random", CONTEXT)

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from conftest import FAST, cell_runs
 from kvsweep.config.compose import compose_config
-from kvsweep.driver.sweep_identity import sweep_key
+from kvsweep.driver.sweep_tracking import sweep_key
 from kvsweep.grid import PROTOCOL_VERSION
 
 

@@ -58,8 +58,7 @@ def _uri(scratch: Path) -> str:
 
 def _sides(scratch: Path) -> list:
     from kvsweep.compare.comparison import SweepSide
-    from kvsweep.tracking.readback import cell_results, sweep_parents
-    from kvsweep.tracking.store import open_client
+    from kvsweep.tracking.store import cell_results, open_client, sweep_parents
 
     client = open_client(_uri(scratch))
     experiment = client.get_experiment_by_name("kvsweep").experiment_id

@@ -72,7 +72,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
     import ray  # noqa: F401
 
     marks["ray_imported_at"] = time.time()
-    from kvsweep.driver import template_launch
+    from kvsweep.driver import actor_placement
 
     spans: list[tuple[str, str, float, float]] = []  # (what, cell id or "", start, end)
 
@@ -94,7 +94,7 @@ def child(out_dir: Path, overrides: list[str]) -> None:
     timed(sweep, "open_tracking", "mlflow_open")
     timed(sweep, "run_jobs", "cells")
     timed(sweep.Sweep, "record", "recorded", key=lambda self, result, ran=True: result.cell_id)
-    timed(template_launch.Templates, "wait", "template_wait")
+    timed(actor_placement.Templates, "wait", "template_wait")
     timed(sweep, "run_sweep", "run_sweep")
     from kvsweep.cli import main
 

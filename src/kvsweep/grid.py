@@ -49,7 +49,7 @@ def cached_tokens(context_length: int, max_new_tokens: int) -> int:
 
 # The version of what a cell id hashes and of how its numbers are counted. Bumped whenever a release changes
 # either: every cell is then measured again under a new parent run, never resumed beside an older release's
-# cells (driver/sweep_identity.py says which parent it left, and why).
+# cells (driver/sweep_tracking.py says which parent it left, and why).
 PROTOCOL_VERSION = 3
 
 # What `MeasureProtocol.exact` turns off: no time floor, no cap, no contention guard, no precision target, no
@@ -137,7 +137,7 @@ def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | No
     """All combinations, in the config's order: models, weights, dtypes, batch sizes, context lengths,
     new tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
     reads like the sweep file). The sweep runs them in another order, smallest first
-    (`driver/oom_inference.size_order`), so an OOM at a small size can spare the larger cells.
+    (`driver/job_sources.size_order`), so an OOM at a small size can spare the larger cells.
 
     compile=true only means something for strategies that preallocate (static ones); other
     strategies get no compiled twin instead of a pointless skipped cell. `inputs_by_model`: what each

@@ -26,8 +26,7 @@ import ray
 
 from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gpu_numa import visible_gpus_node
-from kvsweep.cell.host_lock import GatedRun, gate_path, host_gate
-from kvsweep.cell.process import oom_kills, process_started_at
+from kvsweep.cell.process import GatedRun, gate_path, host_gate, oom_kills, process_started_at
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.template import NO_RESULT
 

@@ -16,8 +16,7 @@ import torch
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
 from kvsweep.inputs.spec import RANDOM, kind_of
-from kvsweep.models.resolve import classify
-from kvsweep.models.tokenizer import load_tokenizer
+from kvsweep.models.resolve import classify, load_tokenizer
 
 
 @dataclass(frozen=True)

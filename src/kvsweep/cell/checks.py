@@ -5,19 +5,33 @@
   more while it was measured (`compile_recaptures`);
 - a compiled CUDA cell ran its graphs as CUDA graphs (`compile_cudagraph_skips`);
 - decode did not move more bytes per second than the device can (`kvsweep.implausible`);
-- how each host peak was taken (`kvsweep.host_peak`).
+- how each host peak was taken (`kvsweep.host_peak`);
+- after the timed calls, quality: does this cache give the answers the dynamic cache gives on the same
+  inputs (token agreement, teacher-forced KL), and does it still answer the task? Each cell answers its
+  own prompts, the same for every strategy of a (model, batch, context) pair, in whole batches of the
+  cell's shape, greedy, each only as long as its answer needs.
 """
 
+from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
-from kvsweep.caches import CacheStrategy
+import torch
+
+from kvsweep.caches import BASELINE, CacheStrategy, get_strategy
+from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
+from kvsweep.cell.process import out_of_memory
 from kvsweep.grid import Cell
-from kvsweep.measure.bandwidth import Bandwidth
+from kvsweep.inputs.passkey import answer_correct, answer_tokens
+from kvsweep.inputs.prompts import Prompt
+from kvsweep.inputs.spec import PASSKEY
+from kvsweep.measure.bandwidth import Bandwidth, implausible
 from kvsweep.measure.cache_identity import mismatch
-from kvsweep.measure.decode_bound import implausible
 from kvsweep.measure.peak_memory import HWM
-from kvsweep.names import ResultTag
+from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl, token_agreement
+from kvsweep.measure.statistics import exact_interval
+from kvsweep.names import Metric, ResultTag, ci_high, ci_low, passkey_depth_metric
 
 
 class WrongCacheError(Exception):
@@ -78,3 +92,133 @@ def cell_tags(runs: list[MeasuredCall], metrics: dict[str, float], bandwidth: Ba
         ResultTag.IMPLAUSIBLE: str(implausible(metrics, bandwidth)).lower(),
         ResultTag.HOST_PEAK: HWM if methods == [HWM] else "; ".join(m for m in methods if m != HWM),
     }
+
+
+ANSWER_ROOM = 8  # tokens a file prompt's answer may take beyond its own length (a chat model's preamble)
+
+
+def answer_budget(feed: Feed) -> int:
+    """New tokens each trial generates: what the longest expected answer needs."""
+    longest = 1
+    for prompt in feed.prompts:
+        if prompt.answer is None:
+            continue
+        if prompt.kind == PASSKEY:
+            longest = max(longest, answer_tokens(prompt.answer))
+        else:
+            tokens = len(feed.tokenizer(prompt.answer, add_special_tokens=False)["input_ids"])
+            longest = max(longest, tokens + ANSWER_ROOM)
+    return longest
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    metrics: dict[str, float] = field(default_factory=dict)  # accuracy, its interval, per depth; empty: no task
+    trials: tuple[dict[str, Any], ...] = ()  # every prompt that has an answer: what it asked, what came back
+
+
+def task_accuracy(session: GenerateSession, strategy: CacheStrategy, feed: Feed, batch: int, seed: int) -> TaskOutcome:
+    """Accuracy over every prompt that has an answer, with its exact 95% interval; passkey also per depth.
+
+    Every such prompt is also kept as a trial (`task.jsonl`): its index and the sweep's seed rebuild it."""
+    checked = [p.answer is not None for p in feed.prompts]
+    if not any(checked):
+        return TaskOutcome()
+    budget = answer_budget(feed)
+    correct: list[bool] = []
+    texts: list[str] = []
+    for start in range(0, len(feed.prompts), batch):
+        rows = feed.prompts[start : start + batch]
+        ids = torch.tensor([p.ids for p in rows], dtype=torch.long)
+        tokens = session.answer(strategy, ids, budget)
+        answers = feed.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        texts += answers
+        correct += [p.answer is not None and answer_correct(p, text) for p, text in zip(rows, answers, strict=True)]
+    answered = [(p, ok) for p, ok, has in zip(feed.prompts, correct, checked, strict=True) if has]
+    trials = tuple(
+        trial_record(index, seed, prompt, text, ok)
+        for index, (prompt, text, ok) in enumerate(zip(feed.prompts, texts, correct, strict=True))
+        if prompt.answer is not None
+    )
+    kind = answered[0][0].kind
+    metric = Metric.PASSKEY_ACCURACY if kind == PASSKEY else Metric.ANSWER_ACCURACY
+    metrics = share_metrics(metric, [ok for _, ok in answered])
+    metrics[Metric.TASK_TRIALS] = float(len(answered))
+    if kind == PASSKEY:
+        by_depth: dict[float, list[bool]] = defaultdict(list)
+        for prompt, ok in answered:
+            by_depth[float(prompt.depth or 0.0)].append(ok)
+        for depth, outcomes in sorted(by_depth.items()):
+            metrics[passkey_depth_metric(depth)] = sum(outcomes) / len(outcomes)
+    return TaskOutcome(metrics, trials)
+
+
+def trial_record(index: int, seed: int, prompt: Prompt, text: str, correct: bool) -> dict[str, Any]:
+    """One line of `task.jsonl`: the prompt's index and seed (with the cell's context and inputs settings they
+    rebuild it), where the needle sat, what was expected, the greedy answer as decoded, the verdict."""
+    return {
+        "prompt_index": index,
+        "seed": seed,
+        "kind": prompt.kind,
+        "depth": prompt.depth,
+        "expected": prompt.answer,
+        "answer": text,
+        "correct": correct,
+    }
+
+
+def share_metrics(metric: str, outcomes: list[bool]) -> dict[str, float]:
+    """The share of successes and its Clopper-Pearson 95% interval."""
+    low, high = exact_interval(sum(outcomes), len(outcomes))
+    return {metric: sum(outcomes) / len(outcomes), ci_low(metric): low, ci_high(metric): high}
+
+
+@dataclass(frozen=True)
+class QualityCheck:
+    metrics: dict[str, float] = field(default_factory=dict)  # task accuracy, agreement, KL; empty: not measured
+    forward: str = ""  # the forward the KL used: compiled | eager ("" when nothing was compared)
+    not_measured: str = ""  # why there are no metrics (the `kvsweep.quality` tag)
+    trials: tuple[dict[str, Any], ...] = ()  # every task trial (`task.jsonl`)
+
+
+def quality_or_nothing(
+    session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int, feed: Feed, seed: int
+) -> QualityCheck:
+    """The quality check runs after the measurement: if its extra calls do not fit (a dynamic baseline
+    where only a lean cache fits is the very case), the cell keeps its numbers and says why.
+
+    The task comes first: it runs the cell's own strategy alone, so it fits wherever the timed calls
+    did, and its accuracy stays when the comparison with dynamic then runs out of memory."""
+    task = TaskOutcome()
+    try:
+        if feed.prompts:
+            task = task_accuracy(session, strategy, feed, session.cell.batch_size, seed)
+        check = _quality(session, strategy, tokens, vocab)
+        return QualityCheck({**task.metrics, **check.metrics}, check.forward, trials=task.trials)
+    except Exception as exc:
+        if not out_of_memory(exc, "cuda" if session.cuda else "cpu"):
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        part = "the comparison with dynamic" if task.metrics else "the quality check"
+        why = f"not measured: {part} ran out of memory ({type(exc).__name__})"
+        return QualityCheck(task.metrics, not_measured=why, trials=task.trials)
+
+
+def _quality(session: GenerateSession, strategy: CacheStrategy, tokens: torch.Tensor, vocab: int) -> QualityCheck:
+    """Agreement with the dynamic-cache answer on the same model and inputs, and the teacher-forced KL.
+
+    Both compare the strategy as configured (a compiled cell's compiled forward): the question is what
+    serving with this cache would produce. The dynamic baseline always runs eager.
+    """
+    if strategy.name == BASELINE:
+        return QualityCheck(token_agreement(tokens, tokens))
+    dynamic = get_strategy(BASELINE)
+    rows = reference_rows(tokens.shape[0], tokens.shape[1], vocab)
+    with session.eager():
+        baseline, reference = record_reference(lambda p: session.generate_with(dynamic, p), rows)
+    prompt_length = session.inputs.shape[1]
+    compiled_before = session.compiled_calls
+    kl = teacher_forced_kl(lambda p: session.generate_with(strategy, p), baseline, reference, prompt_length)
+    compiled = session.compiled_calls > compiled_before or (session.cell.compile and session.cuda)
+    return QualityCheck({**token_agreement(tokens, baseline), **kl}, "compiled" if compiled else "eager")

@@ -5,7 +5,7 @@ installed, and kvsweep's cell code, without touching CUDA. `forked_main` then ta
 actor's view of the machine (its `CUDA_VISIBLE_DEVICES`, thread count and CPUs), watches that actor,
 measures the cell and sends the result back through the pipe. Whatever fails in this process comes
 back as the cell's `error` result with its message, never as a bare exit code. A CUDA cell starts NVML
-afresh first (`cell/nvml_restart.py`: the forkserver's NVML does not survive the fork) and records what
+afresh first (`cell/process.py`: the forkserver's NVML does not survive the fork) and records what
 came of it (`environment.nvml`).
 """
 
@@ -28,9 +28,7 @@ import torch  # noqa: E402  (the preload: what a fresh process would spend secon
 import transformers  # noqa: E402, F401
 
 from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
-from kvsweep.cell.host_lock import GatedRun  # noqa: E402
-from kvsweep.cell.nvml_restart import restart_nvml  # noqa: E402
-from kvsweep.cell.process import process_started_at  # noqa: E402
+from kvsweep.cell.process import GatedRun, process_started_at, restart_nvml  # noqa: E402
 from kvsweep.cell.run_cell import MAX_ERROR_CHARS, record_failure  # noqa: E402
 from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402

@@ -21,8 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from kvsweep.caches import CacheStrategy
 from kvsweep.grid import Cell
-from kvsweep.measure.cache_identity import CacheIdentity, describe_cache
-from kvsweep.measure.kv_reading import KvBytes, cache_bytes
+from kvsweep.measure.cache_identity import CacheIdentity, KvBytes, cache_bytes, describe_cache
 from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, PeakMemoryMeter
 from kvsweep.measure.sampling import TokenClock, TokenTimes
 from kvsweep.testing.faults import Fault, InjectFault

@@ -6,12 +6,23 @@
   None when no counter is readable.
 - When this process started, to the clock tick: the start of every cell's timeline.
 - How many intra-op threads torch gets in a cell.
+- NVML started anew in a forked cell (`restart_nvml`): the template's forkserver initialised it and
+  NVML does not survive a fork, so the cell shuts it down until it says so, then starts it afresh.
+- The host's preparation gate (`host_gate`, `GatedRun`): a file lock per Ray session and host; whatever
+  prepares (a spare importing, a template starting) holds it exclusively, a measured phase shared, so
+  nothing heavy starts on a CPU host while a cell there is measured. Standard library only.
 """
 
+import contextlib
+import fcntl
+import importlib
 import os
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 
 def out_of_memory(exc: BaseException, device: str) -> str | None:
@@ -103,3 +114,94 @@ def resolve_threads(
         if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
             return Threads(min(int(omp_num_threads), allowed_cpus), "OMP_NUM_THREADS")
     return Threads(allowed_cpus, "cpu affinity")
+
+
+RESTARTED = "restarted"
+FAILED = "failed to start"
+MOST_SHUTDOWNS = 64  # far more inits than the forkserver makes; beyond it, something else holds NVML
+
+
+def restart_nvml(nvml: Any = None) -> str:
+    """`RESTARTED`, or `failed to start: why`. `nvml`: the bindings (`pynvml` unless given: the seam for tests)."""
+    try:
+        nvml = nvml or importlib.import_module("pynvml")
+    except ImportError:
+        return f"{FAILED}: pynvml is not installed"
+    try:
+        nvml.nvmlInit()  # loads the library into pynvml (torch loaded it apart), one more user of the old state
+    except nvml.NVMLError as exc:
+        return f"{FAILED}: {type(exc).__name__}: {exc}"
+    for _ in range(MOST_SHUTDOWNS):
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:  # not initialised any more: the inherited state is gone
+            break
+    else:
+        return f"{FAILED}: NVML was still initialised after {MOST_SHUTDOWNS} shutdowns"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return f"{FAILED}: {type(exc).__name__}: {exc}"
+    return RESTARTED
+
+
+if TYPE_CHECKING:
+    from kvsweep.cell.request import CellRequest
+
+
+def gate_path(session_name: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"kvsweep-gate-{session_name}.lock")
+
+
+@contextlib.contextmanager
+def host_gate(path: str, exclusive: bool) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class GatedRun:
+    """Runs one cell where it is measured (the actor's process or a forked one) and is its `on_phase`.
+
+    Each phase's time goes into `timeline`; the measured phase, "measuring" to "measured", holds the
+    host's gate at `path` shared (an empty path: no gate, passed at once). A cell that fails inside its
+    measured phase never says "measured": `run` lets go of the gate whatever happens.
+    """
+
+    def __init__(self, path: str, timeline: dict[str, float]) -> None:
+        self.path, self.timeline = path, timeline
+        self._held = contextlib.ExitStack()
+
+    def run(self, request: "CellRequest") -> dict[str, Any]:
+        """The cell's result from `run_cell`, or from the stand-in runner its seams name ("module:function")."""
+        try:
+            if request.seams.runner:
+                module, _, function = request.seams.runner.partition(":")
+                runner = getattr(importlib.import_module(module), function)
+                self._imported()
+                return runner(request)
+            from kvsweep.cell.run_cell import run_cell
+
+            self._imported()
+            return run_cell(request, on_phase=self)
+        finally:
+            self.release()
+
+    def __call__(self, name: str) -> None:
+        self.timeline[f"{name}_at"] = time.time()
+        if name == "measuring":  # wait until nothing prepares on this host, then keep everything out
+            if self.path:
+                self._held.enter_context(host_gate(self.path, exclusive=False))
+            self.timeline["gate_passed_at"] = time.time() if self.path else self.timeline["measuring_at"]
+        elif name == "measured":
+            self.release()
+
+    def release(self) -> None:
+        self._held.close()
+
+    def _imported(self) -> None:
+        # A forked process has it already: when it started, since the template imported everything.
+        self.timeline.setdefault("imported_at", time.time())

@@ -11,13 +11,11 @@ from typing import Any
 import torch
 
 from kvsweep.caches import get_strategy
-from kvsweep.cell.checks import cell_tags
+from kvsweep.cell.checks import QualityCheck, cell_tags
 from kvsweep.cell.generate_session import MeasuredCall
-from kvsweep.cell.quality_check import QualityCheck
 from kvsweep.grid import Cell
-from kvsweep.measure.bandwidth import Bandwidth
+from kvsweep.measure.bandwidth import Bandwidth, bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.contention import CallContention, HostEvidence, gpu_verdict, merge
-from kvsweep.measure.decode_bound import bandwidth_metrics, decode_weight_bytes
 from kvsweep.measure.energy import Energy
 from kvsweep.measure.gpu_sharing import GpuSharing
 from kvsweep.measure.sampling import MeasuredPhase, summarize_runs

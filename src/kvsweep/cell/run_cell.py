@@ -17,13 +17,18 @@ import torch
 
 from kvsweep.caches import get_strategy, register
 from kvsweep.cell.call_inputs import feed_for
-from kvsweep.cell.checks import check_cache, check_compiled, check_cudagraphs_used, check_no_recapture
+from kvsweep.cell.checks import (
+    check_cache,
+    check_compiled,
+    check_cudagraphs_used,
+    check_no_recapture,
+    quality_or_nothing,
+)
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.model_load import fetched_source, load_cell_model, placement_record
 from kvsweep.cell.process import out_of_memory, resolve_threads
-from kvsweep.cell.quality_check import quality_or_nothing
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION

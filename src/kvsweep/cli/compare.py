@@ -121,7 +121,7 @@ def _given_thresholds(args: argparse.Namespace, timing: float, memory: float) ->
 def _side(client: Any, uri: str, experiment: str, ref: str) -> "SweepSide":
     from kvsweep.compare.comparison import SweepSide
     from kvsweep.tracking.mlflow_ui import run_url
-    from kvsweep.tracking.readback import cell_results
+    from kvsweep.tracking.store import cell_results
 
     run = resolve(client, experiment, ref)
     experiment_id = run.info.experiment_id
@@ -132,7 +132,7 @@ def _side(client: Any, uri: str, experiment: str, ref: str) -> "SweepSide":
 
 def resolve(client: Any, experiment: str, ref: str) -> Any:
     """The sweep parent run a reference names: a run id, `latest[~N]`, or a sweep name `NAME[~N]`."""
-    from kvsweep.tracking.readback import sweep_parents
+    from kvsweep.tracking.store import sweep_parents
 
     if RUN_ID.fullmatch(ref):
         try:

@@ -54,13 +54,12 @@ def report_main(argv: list[str]) -> int:
 def rebuild_report(
     tracking_uri: str, experiment: str, run_id: str | None, out: Path | None, overrides: dict[str, object]
 ) -> int:
-    """Read the sweep back through `tracking/readback.py` (what a resuming sweep reads) and write its report."""
+    """Read the sweep back through `tracking/store.py` (what a resuming sweep reads) and write its report."""
     from kvsweep.redact import redact_uri
     from kvsweep.report.report_files import ReportContext, settings_from, write_report, write_tables
     from kvsweep.tracking.client import tag_runs
     from kvsweep.tracking.mlflow_ui import default_tracking_uri, run_url
-    from kvsweep.tracking.readback import cell_results, latest_sweep
-    from kvsweep.tracking.store import open_client
+    from kvsweep.tracking.store import cell_results, latest_sweep, open_client
 
     uri = default_tracking_uri(tracking_uri)
     client = open_client(uri)  # a sweep may be making a fresh sqlite store's tables right now

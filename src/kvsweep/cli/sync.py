@@ -27,8 +27,7 @@ def sync_main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from kvsweep.tracking.delivery import sync_journal
-    from kvsweep.tracking.journal import find_journals
+    from kvsweep.tracking.journal import find_journals, sync_journal
     from kvsweep.tracking.store import CredentialsMissing
 
     if not args.path.exists():

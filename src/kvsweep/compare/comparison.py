@@ -4,12 +4,14 @@ Cells are matched by what was measured (model, dtype, context, batch, new tokens
 inputs), never by cell id: an id also hashes the measuring protocol, which may differ between the
 two sweeps (the header says so when it does). A cell only one sweep has is `added` or `removed`; a
 cell whose status changed gets one row saying so, and a change away from `ok` is a regression.
+
+The first thing to read is what differs between the two sweeps: the environment from the cells' own
+records (so a sweep that ran on two kinds of node shows both), the protocol from the parents' params.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvsweep.compare.differences import Difference, environment_differences, protocol_differences
 from kvsweep.compare.judging import (
     ADDED,
     COMPARED,
@@ -24,6 +26,48 @@ from kvsweep.compare.judging import (
 from kvsweep.grid import CELL_FIELDS, Cell
 from kvsweep.names import ResultTag
 from kvsweep.results import OK, CellResult
+
+ENVIRONMENT_FIELDS = (
+    ("torch", "torch_version"),
+    ("transformers", "transformers_version"),
+    ("CUDA", "cuda_version"),
+    ("driver", "driver_version"),
+    ("device", "device_name"),
+    ("kvsweep", "kvsweep_version"),
+    ("node software", "node_software"),  # a hash of the node's packages and kvsweep's sources (software_survey.py)
+    ("host", "hostname"),
+    ("python", "python_version"),
+)
+PROTOCOL_PREFIXES = ("measure.", "inputs.")
+
+
+@dataclass(frozen=True)
+class Difference:
+    what: str
+    a: str
+    b: str
+
+
+def recorded(results: Iterable[CellResult], key: str) -> str:
+    """Every value the cells recorded for one field, sorted and joined ("" when none did)."""
+    return ", ".join(sorted({str(r.environment[key]) for r in results if r.environment.get(key) not in (None, "")}))
+
+
+def environment_differences(a: list[CellResult], b: list[CellResult]) -> list[Difference]:
+    found = [(label, recorded(a, key), recorded(b, key)) for label, key in ENVIRONMENT_FIELDS]
+    return [Difference(label, x or "-", y or "-") for label, x, y in found if x != y]
+
+
+def environment_same(a: list[CellResult], b: list[CellResult]) -> list[Difference]:
+    """The fields both sweeps recorded alike (the header names them, so 'nothing differs' is checkable)."""
+    found = [(label, recorded(a, key), recorded(b, key)) for label, key in ENVIRONMENT_FIELDS]
+    return [Difference(label, x, y) for label, x, y in found if x == y and x]
+
+
+def protocol_differences(a: Mapping[str, str], b: Mapping[str, str]) -> list[Difference]:
+    keys = sorted(k for k in a.keys() | b.keys() if k.startswith(PROTOCOL_PREFIXES))
+    return [Difference(k, a.get(k, "-"), b.get(k, "-")) for k in keys if a.get(k) != b.get(k)]
+
 
 STATUS_METRIC, CELL_METRIC = "status", "cell"
 

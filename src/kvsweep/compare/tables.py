@@ -6,8 +6,7 @@ print these same lines and cells.
 import math
 from collections import Counter
 
-from kvsweep.compare.comparison import CELL_METRIC, Comparison, Row, SweepSide
-from kvsweep.compare.differences import environment_same
+from kvsweep.compare.comparison import CELL_METRIC, Comparison, Row, SweepSide, environment_same
 from kvsweep.compare.judging import (
     ADDED,
     BY_NAME,

@@ -8,7 +8,7 @@ or ended: each of ours is killed at its own timeout, so any placed before that w
 ended by then; what it waits for is held by another job, or the node that had it left.
 
 Host memory: a job with predicted pinned host memory (an offloaded cache, `Job.host_memory_bytes`)
-has its actor reserve that much of Ray's `memory` resource (`cell_resources.memory_ask`), so a node
+has its actor reserve that much of Ray's `memory` resource (`memory_ask`), so a node
 runs at once only the offloaded cells whose pinned blocks fit it; the next waits for Ray to place it.
 One such job waits at a time (the queue's other memory jobs keep their order behind it). It holds one
 of `max_concurrent`'s places for `grace_s` (an actor whose resources are free is up by then), and
@@ -17,17 +17,26 @@ holds nothing, and the queue's next jobs that ask no memory run in its place, so
 it. GPU cells never outnumber the GPUs: each actor asks Ray for its GPUs. If memory is freed by
 something other than a cell of this sweep ending, the waiting cell may run beside `max_concurrent`
 others: one more cell than that, and only while GPUs are free for it.
+
+What each actor reserves (`with_cpus_resolved`, `memory_ask`, `spares_wanted`) is pure arithmetic on the
+cluster's node resources, tested without a cluster. The warm per-node templates cells fork from are
+launched as soon as Ray is up (`launch_templates`), so their seconds of importing torch overlap the
+driver's planning and opening MLflow; the first cell awaits them.
 """
 
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
 
+from kvsweep.cell.actor import template_name
+from kvsweep.cell.template import CellTemplate
+from kvsweep.driver.ray_session import CellNeeds, can_hold
+from kvsweep.errors import first_line
 from kvsweep.grid import Cell
 from kvsweep.units import GB
 
@@ -144,3 +153,103 @@ class Placement:
             f"{self.timeout_s:g} s (ray.cell_timeout_s), so another job holds {holder} or the node "
             "that had it left; actor killed"
         )
+
+
+TEMPLATE_RESTARTS = 2  # a dead template is replaced by a fresh one (Ray restarts it), never reused
+TEMPLATE_START_S = 300.0  # preloading torch and Transformers on a busy node
+
+
+@dataclass
+class Templates:
+    """Handles of the launched templates (they keep the actors alive) and their readiness."""
+
+    handles: list[Any] = field(default_factory=list)
+    ready: list[Any] = field(default_factory=list)
+    problem: str | None = None  # None until awaited; "" when every template is ready
+
+    def wait(self) -> str:
+        """ "" once all are ready, else why not (the sweep then measures in each cell's own actor process)."""
+        if self.problem is None:
+            try:
+                ray.get(self.ready, timeout=TEMPLATE_START_S)
+                self.problem = ""
+            except Exception as exc:  # e.g. killed while starting (Ray's memory monitor), an import that touched CUDA
+                self.problem, self.handles = first_line(exc), []
+        return self.problem
+
+
+def launch_templates() -> Templates:
+    """One template per live node (the one this driver already has, if any); returns at once."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    template_class = ray.remote(num_cpus=0, max_restarts=TEMPLATE_RESTARTS, max_task_retries=0, max_concurrency=64)(
+        CellTemplate
+    )
+    nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"]]
+    handles = [
+        template_class.options(
+            name=template_name(node),
+            get_if_exists=True,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote()
+        for node in nodes
+    ]
+    return Templates(handles, [handle.ready.remote() for handle in handles])
+
+
+def spares_wanted(prestart: int, needs: CellNeeds) -> int:
+    """Spare actors to keep ready: `ray.prestart` for CPU cells, none for cells that hold GPUs (a spare
+    would wait for, or hold idle, a GPU; see the module docstring)."""
+    return 0 if needs.gpus > 0 else prestart
+
+
+GPU_CELL_MAX_CPUS = 8
+NODE_CPUS_KEPT = 1  # per node, for Ray's daemons (raylet, GCS), the driver, MLflow and the template
+
+
+def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
+    """`ray.cpus_per_cell=0` (auto): the CPUs Ray reserves for one cell, so its threads can follow them.
+
+    A CPU cell: 1, as always (it computes on every core it may use and cells run one at a time; see
+    `cell/process.py`). A GPU cell: its share of a node's CPUs less `NODE_CPUS_KEPT`, (CPUs - 1) x the
+    GPUs it holds // the node's GPUs, so that the node's concurrent cells together use its cores once,
+    not once each, and leave one core to the processes every node runs besides its cells (each CUDA
+    cell is pinned to cores of its own, `cell/cpu_slots.py`: were all cores lent, those processes would
+    run on some cell's cores and that cell would read them as contention). 16 CPUs and 8 GPUs: 1 each,
+    8 cores lent. Taken on the node that offers the fewest (every node can then fill all its GPUs), at
+    most `GPU_CELL_MAX_CPUS` (a GPU cell's CPU work is mostly one thread launching kernels), at least 1.
+    Nodes that cannot hold a cell (too few GPUs, another accelerator type, a custom resource missing)
+    do not count.
+    """
+    if needs.gpus <= 0:
+        return 1
+    wanted = {k: v for k, v in needs.as_resources().items() if k != "CPU"}
+    shares = [
+        int(max(0.0, node.get("CPU", 0.0) - NODE_CPUS_KEPT) * needs.gpus // node["GPU"])
+        for node in nodes
+        if can_hold(node, wanted)
+    ]
+    return max(1, min(GPU_CELL_MAX_CPUS, min((s for s in shares if s >= 1), default=1)))
+
+
+def with_cpus_resolved(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> CellNeeds:
+    """`needs` with an auto CPU count (0) replaced by `auto_cpus_per_cell`; an explicit count as it is."""
+    return needs if needs.cpus > 0 else replace(needs, cpus=auto_cpus_per_cell(needs, nodes))
+
+
+def memory_ask(host_bytes: int, needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
+    """Bytes of Ray's `memory` resource a cell's actor reserves: the pinned host memory its offloaded
+    cache is predicted to hold (`plan/offload.py`), so that Ray puts side by side on a node only the
+    offloaded cells whose pinned blocks fit its memory (a node's `memory` is what it had free when Ray
+    started there, less its object store), and holds the next one back until one of them ends.
+
+    At most the most that any node able to hold the cell offers: Ray would keep an actor that asks for
+    more pending forever; asking for all of a node's memory, the cell runs there with no other
+    offloaded cell beside it. (Blocks larger than the host's memory outright are planned as
+    `predicted host oom` and never get here.) 0: no ask (no offloading, or no node reports memory).
+    """
+    if host_bytes <= 0:
+        return 0
+    wanted = needs.as_resources()
+    offered = max((node.get("memory", 0.0) for node in nodes if can_hold(node, wanted)), default=0.0)
+    return int(min(host_bytes, offered))

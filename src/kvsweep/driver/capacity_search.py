@@ -29,8 +29,7 @@ from kvsweep.driver.actor_placement import Job
 from kvsweep.grid import Cell, MeasureProtocol, cell_id, expand_grid
 from kvsweep.models.facts import ModelFacts
 from kvsweep.names import Metric
-from kvsweep.plan.capacity_probes import memory_budget, predicted_boundary, predicted_step_bytes
-from kvsweep.plan.cell_plan import PlannedCell, plan_cell
+from kvsweep.plan.cell_plan import PlannedCell, memory_budget, plan_cell, predicted_boundary, predicted_step_bytes
 from kvsweep.plan.offload import offload_problem
 from kvsweep.plan.sweep_plan import PlanLimits, model_facts
 from kvsweep.results import SKIPPED, CellResult

@@ -13,8 +13,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.inputs.prompt_file import read_prompt_file
 from kvsweep.inputs.spec import AUTO, FILE, FILE_PREFIX, PASSKEY, RANDOM, SOURCES, InputSpec
 from kvsweep.model_names import display_names
-from kvsweep.models.resolve import ModelRef, classify
-from kvsweep.models.tokenizer import tokenizer_problem
+from kvsweep.models.resolve import ModelRef, classify, tokenizer_problem
 from kvsweep.plan.sweep_plan import inputs_spec
 
 

@@ -5,18 +5,58 @@ native builds work on), says which jobs to run first (after replaying what an ea
 sweep measured), and what a finished result asks to run next. The sweep itself only runs jobs and records
 results; it never asks which kind of sweep it is. A new kind of job (a request-mix workload) is a third
 source.
+
+OOM inference (`OomPruner`): a cell that ran out of memory implies the same for every cell of its family
+(model, dtype, cache, compile) at least as large on each size axis; those are recorded `oom` with
+`kvsweep.inferred=true` instead of run, which is why jobs run small to large (`size_order`).
 """
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from kvsweep.driver.oom_inference import size_order
-from kvsweep.grid import MeasureProtocol, cell_id
+from kvsweep.driver.scheduler import Job
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
 from kvsweep.names import ResultTag
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import plan_text
-from kvsweep.results import ERROR, SKIPPED, CellResult
+from kvsweep.results import ERROR, OOM, SKIPPED, CellResult
+
+SIZE_AXES = ("batch_size", "context_length", "max_new_tokens")
+FAMILY = ("model", "dtype", "cache", "compile")
+
+
+def size_order(job: Job) -> tuple[int, int]:
+    cell = job.cell
+    return (cell.batch_size * (cell.context_length + cell.max_new_tokens), cell.batch_size)
+
+
+class OomPruner:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.out_of_memory: list[tuple[Cell, str]] = []  # (cell, oom kind)
+
+    def observe(self, result: CellResult) -> None:
+        if result.status == OOM and result.tags.get(ResultTag.INFERRED) != "true":
+            self.out_of_memory.append((result.cell, result.tags.get(ResultTag.OOM_KIND, "device")))
+
+    def admit(self, job: Job) -> CellResult | None:
+        """None: run it. A result: it is known to run out of memory."""
+        if not self.enabled:
+            return None
+        for smaller, kind in self.out_of_memory:
+            same_family = all(getattr(job.cell, k) == getattr(smaller, k) for k in FAMILY)
+            if same_family and all(getattr(job.cell, k) >= getattr(smaller, k) for k in SIZE_AXES):
+                cause = f"ctx={smaller.context_length} bs={smaller.batch_size} new={smaller.max_new_tokens}"
+                return CellResult(
+                    job.cell_id,
+                    job.cell,
+                    OOM,
+                    error=f"inferred: the smaller cell {cause} already ran out of memory",
+                    tags={ResultTag.INFERRED: "true", ResultTag.OOM_KIND: kind},
+                )
+        return None
+
 
 if TYPE_CHECKING:
     from kvsweep.driver.capacity_search import CapacitySearches

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import kvsweep
 from kvsweep.package_source import assigned_value, package_file
-from kvsweep.testing.reported_software import REPORTED_VERSIONS_ENV, reported_overrides
+from kvsweep.testing.testing_config import REPORTED_VERSIONS_ENV, reported_overrides
 
 ABSENT = "absent"
 NO_GPU = "none"

@@ -23,7 +23,7 @@ default) a spare has nothing to prepare: the template imported everything, the f
 and CUDA can only be initialised in the cell's own forked process, once its actor holds the GPU.
 
 CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here against the cluster
-(`driver/cell_resources.py`), and each cell is told the result so that its torch threads match it
+(`driver/actor_placement.py`), and each cell is told the result so that its torch threads match it
 (`cell/process.py`).
 
 Placement (`driver/actor_placement.py`): a cell's timeout counts once Ray has placed its actor; an actor
@@ -42,10 +42,16 @@ import ray
 
 from kvsweep.cell.actor import RUNNER_MODULE, CellActor, CellProcessDied
 from kvsweep.cell.request import CellRequest, RunOptions
-from kvsweep.driver.actor_placement import Job, Placement, Running
-from kvsweep.driver.cell_resources import memory_ask, spares_wanted, with_cpus_resolved
+from kvsweep.driver.actor_placement import (
+    Job,
+    Placement,
+    Running,
+    Templates,
+    memory_ask,
+    spares_wanted,
+    with_cpus_resolved,
+)
 from kvsweep.driver.ray_session import CellNeeds
-from kvsweep.driver.template_launch import Templates
 from kvsweep.errors import first_line
 from kvsweep.grid import MeasureProtocol
 from kvsweep.names import ResultTag

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsweep.driver.cell_resources import with_cpus_resolved
+from kvsweep.driver.actor_placement import with_cpus_resolved
 from kvsweep.driver.node_software import (
     CPU_CELLS_SOFTWARE,
     DRIVER_SOFTWARE,

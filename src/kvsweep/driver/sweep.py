@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
-from kvsweep.driver.interrupts import SignalInterrupts, interrupts_ignored
-from kvsweep.driver.job_sources import GridJobs, JobSource, SearchJobs
-from kvsweep.driver.oom_inference import OomPruner
+from kvsweep.driver.job_sources import GridJobs, JobSource, OomPruner, SearchJobs
 from kvsweep.driver.progress import SweepProgress
-from kvsweep.driver.sweep_finish import finish
+from kvsweep.driver.sweep_finish import SignalInterrupts, finish, interrupts_ignored
 from kvsweep.driver.sweep_tracking import Tracking, open_tracking
 from kvsweep.models.presets import shape_only_tags
 from kvsweep.names import ResultTag
@@ -28,11 +26,11 @@ from kvsweep.testing.testing_config import Seams
 from kvsweep.tracking.lease import LeaseHeld
 
 if TYPE_CHECKING:
+    from kvsweep.driver.actor_placement import Templates
     from kvsweep.driver.inputs_choice import InputsChoice
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.software_survey import Survey
-    from kvsweep.driver.template_launch import Templates
     from kvsweep.plan.sweep_plan import PlanLimits
 
 
@@ -116,8 +114,8 @@ def connect(cfg: KvSweepConfig, session: "RaySession", say: Callable[[str], None
     on every node that can run one (`software_survey.py`: a mismatch is exit 2 here). The warm templates
     start importing now, overlapping the plan and MLflow; the first cell waits for them."""
     from kvsweep.driver import ray_session
+    from kvsweep.driver.actor_placement import launch_templates
     from kvsweep.driver.software_survey import check_software
-    from kvsweep.driver.template_launch import launch_templates
 
     device = ray_session.resolve_device(cfg.device, session)
     needs = ray_session.CellNeeds(

@@ -1,6 +1,6 @@
 """The words the filler's templates take: a tuple of words per slot, and the openers some sentences start with.
 
-Data only, read by `filler.py`; kept apart from the templates (`filler_scenes.py`) so that each data module stays
+Data only, read by `filler.py`; kept apart from the templates (`filler.py`) so that each data module stays
 short. A template's `{slot}` takes a word of `WORDS[slot]`; `{Slot}` the same word capitalised. Nothing here may
 contain a digit or a word of `filler.FORBIDDEN_WORDS` (the tests read thousands of generated paragraphs to check it).
 """

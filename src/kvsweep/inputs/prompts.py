@@ -19,8 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsweep.inputs.filler import PARAGRAPHS
-from kvsweep.inputs.layout import FillerStream, Frame, cut_middle, encode, frame
-from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, KEY_DIGITS, QUESTION, needle, random_key
+from kvsweep.inputs.passkey import (
+    ANSWER_LEAD,
+    INTRO,
+    KEY_DIGITS,
+    QUESTION,
+    FillerStream,
+    Frame,
+    cut_middle,
+    encode,
+    frame,
+    needle,
+    random_key,
+)
 from kvsweep.inputs.spec import FILE, PASSKEY, InputSpec
 
 SEPARATOR = "\n\n"

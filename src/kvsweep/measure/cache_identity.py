@@ -4,15 +4,20 @@ Transformers falls back quietly: a model without default-cache support ignores
 `cache_implementation` with only a log warning, and `offloaded` is the dynamic cache class with a
 flag. So every ok cell describes the cache object it got back and compares it with what the strategy
 registry says the strategy must produce; a mismatch is an error, never a number under a wrong name.
+
+Its bytes are counted as stored (`cache_bytes`): each layer's attributes are walked, a tensor subclass
+(quanto's packed tensors) opened through `__tensor_flatten__`, tuples and dicts (HQQ's payload) walked,
+every storage counted once, by where it lives (an offloaded cache's device and host parts).
 """
 
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.strategy import DEFAULT_AXIS, DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH
 
-# A quantized layer's settings as the layer object names them, with the value a tag leaves unsaid.
 QUANTIZED_SETTINGS = {
     "residual_length": DEFAULT_RESIDUAL_LENGTH,
     "q_group_size": DEFAULT_GROUP_SIZE,
@@ -136,3 +141,53 @@ def expected_tag(strategy: CacheStrategy, cached_tokens: int) -> str:
 
 def _class_names(obj: Any) -> tuple[str, ...]:
     return tuple(klass.__name__ for klass in type(obj).__mro__)
+
+
+@dataclass(frozen=True)
+class KvBytes:
+    """A cache's bytes by where they are: the cell's device, and host memory (offloaded layers)."""
+
+    device: int = 0
+    host: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host
+
+
+def cache_bytes(cache: Any, device: str = "cpu") -> KvBytes:
+    """On a CPU cell the host is the device: everything counts as device bytes there."""
+    if cache is None:
+        return KvBytes()
+    seen: dict[tuple[str, int, int], int] = {}
+    layers = getattr(cache, "layers", None)
+    for layer in list(layers) if layers is not None else [cache]:
+        _collect(vars(layer), seen, depth=0)
+    host = sum(n for (kind, _, _), n in seen.items() if kind == "cpu") if device != "cpu" else 0
+    return KvBytes(sum(seen.values()) - host, host)
+
+
+def _collect(obj: Any, seen: dict[tuple[str, int, int], int], depth: int) -> None:
+    if depth > 8:
+        return
+    if isinstance(obj, torch.Tensor):
+        _collect_tensor(obj, seen, depth)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect(v, seen, depth + 1)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            _collect(v, seen, depth + 1)
+
+
+def _collect_tensor(tensor: torch.Tensor, seen: dict[tuple[str, int, int], int], depth: int) -> None:
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None and type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+        names, _ = flatten()
+        for name in names:
+            _collect(getattr(tensor, name), seen, depth + 1)
+        return
+    if tensor.device.type == "meta" or tensor.ndim == 0:
+        return  # 0-d tensors are bookkeeping (lengths, counters), not cached K/V
+    storage = tensor.untyped_storage()
+    seen[(tensor.device.type, tensor.device.index or 0, storage.data_ptr())] = storage.nbytes()  # once each

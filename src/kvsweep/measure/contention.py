@@ -115,10 +115,6 @@ class HostMeter:
         self.own_cpu = own_cpu
         self._start: tuple[float, float, CpuCounters | None] | None = None
 
-    @property
-    def available(self) -> bool:
-        return read_counters(self.cpus, self.path) is not None
-
     def start(self) -> None:
         self._start = (time.perf_counter(), self.own_cpu(), read_counters(self.cpus, self.path))
 

@@ -8,6 +8,11 @@ Rules, in order:
 - measuring goes on until there are at least `repeats` kept calls and `min_duration_s` of them;
 - with a precision target, it goes on until the 95% intervals of TTFT, TPOT and end-to-end time
   are within +-target of their medians, or `repeat_cap` calls or `max_duration_s` are reached.
+
+Every meter has one shape (`Meter`): `start` before what it measures, `stop` after, returning a plain
+reading. A call meter brackets each measured call (the host's CPUs in `contention.py`, a call's energy
+in `energy.py`, its peak memory in `peak_memory.py`); a phase meter brackets the whole phase (who else
+is on the GPUs, `gpu_sharing.py`, and the phase's energy); `phase_meters.py` composes them.
 """
 
 import inspect
@@ -15,7 +20,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import torch
 from transformers import LogitsProcessor
@@ -23,10 +28,19 @@ from transformers import LogitsProcessor
 from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.grid import Cell
 from kvsweep.measure.contention import CallContention
-from kvsweep.measure.meter import Meter
 from kvsweep.measure.peak_memory import PeakMemory
 from kvsweep.measure.statistics import interval_metrics, median, percentile, precise_enough
 from kvsweep.names import Metric
+
+Reading = TypeVar("Reading", covariant=True)
+
+
+class Meter(Protocol[Reading]):
+    """Brackets one stretch of work: `start` before it, `stop` after it, returning what was read."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> Reading: ...
 
 
 def _no_sync() -> None:

@@ -15,7 +15,7 @@ model's dtype. For a `WeightLayout` this means: the linears of `first` and of th
 those of `last` (the head) are not.
 
 Also here: what a built model's weights really occupy, counted from its tensors' storages: the figure a cell records
-(`weights_bytes`), the bytes a decode step reads (`measure/decode_bound.py`), and the check on the byte formulas
+(`weights_bytes`), the bytes a decode step reads (`measure/bandwidth.py`), and the check on the byte formulas
 of `weight_schemes.py`.
 
 Checkpoints quantized already: the label a model's config.json gives its weights' quantization, so that a

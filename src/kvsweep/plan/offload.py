@@ -14,7 +14,7 @@ copy of its kept view; an `offloaded_static` cache keeps its sliding layers on t
 never move (`caches/layer_tokens.py`).
 
 The predicted time is these host-link transfers alone over the most calls the cell's measurement
-rules allow (`plan/calls.py`): no compute, no model load, no call of the quality check's dynamic
+rules allow (`plan/offload.py`): no compute, no model load, no call of the quality check's dynamic
 baseline. Each call takes at least its transfers, so a cell predicted within its timeout may still
 pass it; one predicted beyond it would pass it if it made every call its rules allow.
 
@@ -33,6 +33,7 @@ process, so that is the cell's peak. (A freed block is reused only once the copy
 a host thread far ahead of its copies can briefly hold more than one block per tensor and size.)
 """
 
+import math
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -41,10 +42,74 @@ from dataclasses import dataclass
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.layer_tokens import kept_tokens, offloads, token_bytes, windows
 from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.inputs.spec import RANDOM
 from kvsweep.models.shape import KvShape
-from kvsweep.plan.calls import CallCount, task_calls, worst_case_calls
 from kvsweep.plan.kv_prediction import decode_kv_traffic
 from kvsweep.units import GB
+
+COLD_CALLS = 1
+QUALITY_CALLS = 1
+GUARD_OFF = 1.0  # `max_host_contention` at which no call is ever discarded
+
+
+@dataclass(frozen=True)
+class CallCount:
+    """The worst case of one cell's calls, by kind."""
+
+    cold: int
+    warmup: int
+    kept: int
+    discarded: int
+    quality: int
+    task: int = 0  # task prompts' calls (a text-fed cell)
+
+    @property
+    def measured(self) -> int:
+        return self.kept + self.discarded
+
+    @property
+    def total(self) -> int:
+        return self.cold + self.warmup + self.measured + self.quality + self.task
+
+
+def task_calls(cell: Cell, protocol: MeasureProtocol) -> int:
+    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts."""
+    trials = protocol.inputs.quality_trials
+    if cell.inputs == RANDOM or trials <= 0:
+        return 0
+    return math.ceil(trials / cell.batch_size)
+
+
+def most_kept(protocol: MeasureProtocol, call_s: float) -> int:
+    """Kept calls before the measured phase stops by itself (no time cap)."""
+    cap = protocol.measure.repeat_cap
+    if protocol.measure.target_rel_ci > 0 or call_s <= 0:
+        return cap
+    return min(cap, max(protocol.measure.repeats, math.ceil(protocol.measure.min_duration_s / call_s)))
+
+
+def most_discarded(protocol: MeasureProtocol) -> int:
+    """Calls the phase may discard and re-run: `max_discarded`, or none with the contention guard off."""
+    return protocol.measure.max_discarded if protocol.measure.max_host_contention < GUARD_OFF else 0
+
+
+def most_measured(protocol: MeasureProtocol, call_s: float) -> int:
+    """Measured calls, kept and discarded, under every rule of the phase, the time cap included."""
+    discarded = most_discarded(protocol)
+    unbounded = most_kept(protocol, call_s) + discarded
+    if protocol.measure.max_duration_s <= 0 or call_s <= 0:
+        return unbounded
+    until_cap = math.ceil(protocol.measure.max_duration_s / call_s)
+    return min(unbounded, max(protocol.measure.repeats + discarded, until_cap))
+
+
+def worst_case_calls(protocol: MeasureProtocol, call_s: float, tasks: int = 0) -> CallCount:
+    """Every call a cell makes when every discard it may re-run is re-run; `call_s`: a lower bound on one
+    call's time (fewer seconds per call, more calls to reach the time floor: the count stays an upper bound);
+    `tasks`: the cell's `task_calls`."""
+    measured = most_measured(protocol, call_s)  # never fewer than repeats + the discards
+    discarded = most_discarded(protocol)
+    return CallCount(COLD_CALLS, protocol.measure.warmup, measured - discarded, discarded, QUALITY_CALLS, tasks)
 
 
 @dataclass(frozen=True)

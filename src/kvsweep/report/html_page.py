@@ -9,10 +9,10 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvsweep.report.capacity_tables import CapacitySection
-from kvsweep.report.decision_list import Listing
+from kvsweep.report.capacity_report import CapacitySection
 from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
+from kvsweep.report.table import Listing
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 

@@ -4,8 +4,7 @@ from collections.abc import Sequence
 
 from kvsweep.caches import BASELINE
 from kvsweep.names import TASK_JSONL, Metric, ci_high, ci_low
-from kvsweep.report.capacity_tables import CapacitySection
-from kvsweep.report.decision_list import Listing
+from kvsweep.report.capacity_report import CapacitySection
 from kvsweep.report.quality_gate import (
     MAX_REFERENCE_WIDTH,
     MIN_REFERENCE_ACCURACY,
@@ -13,6 +12,7 @@ from kvsweep.report.quality_gate import (
     task_accuracy,
 )
 from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
+from kvsweep.report.table import Listing
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 from kvsweep.units import MIB

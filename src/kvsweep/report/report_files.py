@@ -15,14 +15,12 @@ from typing import Any
 from kvsweep.capacity.frontier import Frontier
 from kvsweep.names import CAPACITY_CSV, REPORT_DIR
 from kvsweep.report.capacity_assessment import Capacity, CapacityContext, assess
-from kvsweep.report.capacity_plots import draw_capacity
-from kvsweep.report.capacity_tables import capacity_csv, capacity_section
-from kvsweep.report.decision_list import Listing, list_decisions
+from kvsweep.report.capacity_report import capacity_csv, capacity_section, draw_capacity
 from kvsweep.report.html_page import render_page
 from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.plots import colours, draw_facets
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
-from kvsweep.report.table import results_csv, results_table
+from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
 from kvsweep.report.weights_tables import weights_kv_tables
 from kvsweep.results import CellResult
 

@@ -3,11 +3,13 @@
 import csv
 import io
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from kvsweep.caches import cache_rank
 from kvsweep.grid import CELL_FIELDS, cell_label, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag, with_interval
+from kvsweep.report.selection import Decision
 from kvsweep.results import CellResult
 from kvsweep.units import MIB
 
@@ -122,3 +124,27 @@ def _order(r: CellResult) -> tuple:
         *cache_rank(c.cache),
         c.compile,
     )
+
+
+@dataclass(frozen=True)
+class Listing:
+    listed: list[Decision]
+    left_out: int = 0
+
+    def note(self) -> str:
+        if not self.left_out:
+            return ""
+        groups = "group" if self.left_out == 1 else "groups"
+        return (
+            f"{self.left_out} single-strategy {groups} left out of the decision list: capacity probes, where each "
+            "batch/context one strategy's search probed is a model/dtype/batch/context group with nothing to "
+            "choose between (its cells are in the evidence table, its frontier in the capacity section)"
+        )
+
+
+def list_decisions(decisions: list[Decision], results: list[CellResult]) -> Listing:
+    """Every decision; in a sweep with search probes (`kvsweep.search`), those with more than one strategy."""
+    if not any(r.tags.get(ResultTag.SEARCH) for r in results):
+        return Listing(decisions)
+    listed = [d for d in decisions if len(d.entries) > 1]
+    return Listing(listed, len(decisions) - len(listed))

@@ -4,9 +4,16 @@
 
 They are in neither the schema, `--help` nor the saved config. Composition takes the `testing` node
 off the composed config before it becomes typed and hands it here, where it is checked (one line per
-mistake, like any config key) and becomes the plain dict the driver sends to each cell's actor.
+mistake, like any config key) and becomes the typed `Seams` each cell's request carries.
+
+`KVSWEEP_TESTING_REPORTED_VERSIONS`, set in one node's environment only, makes that node report other
+software than it runs, field by field (`'{"transformers": "9.9.9", "gpu": "NVIDIA A100-SXM4-80GB"}'`):
+a cluster simulated on one machine runs the same packages everywhere, so a mismatch cannot happen for
+real there. Unset (the user's case) nothing changes.
 """
 
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,3 +91,20 @@ def _fault(i: int, given: dict[str, Any]) -> dict[str, Any]:
     if isinstance(given, bool) or not isinstance(given, int | float) or given <= 0:
         raise ConfigError(f"testing.faults[{i}].ms_per_token: {fault['ms_per_token']!r} is not a positive number")
     return fault
+
+
+REPORTED_VERSIONS_ENV = "KVSWEEP_TESTING_REPORTED_VERSIONS"
+
+
+def reported_overrides() -> dict[str, str]:
+    """The fields this process is told to report instead of its own ({} when the variable is unset)."""
+    raw = os.environ.get(REPORTED_VERSIONS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        given = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{REPORTED_VERSIONS_ENV} is not JSON ({exc.msg}): {raw[:200]}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{REPORTED_VERSIONS_ENV} must be a JSON object of field -> value, got {raw[:200]}")
+    return {str(k): str(v) for k, v in given.items()}

@@ -34,8 +34,7 @@ from kvsweep.names import (
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.mlflow_ui import group_keys_from_config, save_compare_view
-from kvsweep.tracking.readback import child_runs, latest_sweep
-from kvsweep.tracking.store import open_client
+from kvsweep.tracking.store import child_runs, latest_sweep, open_client
 
 # MLflow's own HTTP retries can stall a sweep for minutes when the server is down; kvsweep retries
 # itself with backoff and keeps results in its journal meanwhile. Users can still override these.
@@ -212,7 +211,7 @@ def mlflow_status(status: str) -> str:
 
 
 def _param_value(value: object) -> str:
-    """Params as MLflow shows them: `compile` as `true`/`false` (read back by `readback.result_from_run`)."""
+    """Params as MLflow shows them: `compile` as `true`/`false` (read back by `store.result_from_run`)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -18,10 +18,9 @@ from kvsweep.names import REPORT_DIR, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.client import SweepTracker
-from kvsweep.tracking.delivery import SWEEP_FILES, send_result, sync_journal
-from kvsweep.tracking.journal import JOURNAL_NAME, Journal, SweepHeader
+from kvsweep.tracking.journal import JOURNAL_NAME, SWEEP_FILES, Journal, SweepHeader, send_result, sync_journal
 from kvsweep.tracking.lease import Lease, LeaseHeld, LeaseTimes
-from kvsweep.tracking.readback import finished, result_from_run
+from kvsweep.tracking.store import finished, result_from_run
 from kvsweep.tracking.take_parent import Taken, take_parent
 
 MAX_BACKOFF_S = 60.0
