@@ -4,8 +4,10 @@ Fixtures: one real local Ray instance and one warm cell template for the whole r
 stores in tmp dirs, one plain MLflow server.
 
 Tiers: a test is `slow` when it uses a fixture that starts Ray or a server (`SLOW_FIXTURES`), or is
-marked so itself (a `python -m kvsweep` subprocess, Chromium, torch.compile). `pytest -m "not slow"`
-is the fast tier a developer runs after each change; plain `pytest` runs everything.
+marked so itself (a `python -m kvsweep` subprocess, Chromium, torch.compile). A `heavy` test (the real
+pretrained model, multi-process reliability) is slow too and has a budget of its own. `pytest -m "not slow"`
+is the fast tier a developer runs after each change; `-m "not heavy"` the full suite; `-m heavy` the heavy
+tier; plain `pytest` (CI) runs everything.
 """
 
 import io
@@ -38,6 +40,8 @@ _ray_started_by_fixture = False
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("heavy") is not None:
+            item.add_marker(pytest.mark.slow)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
@@ -85,7 +89,7 @@ def cell_template(ray_cluster):
     Ray collects a named actor once no handle refers to it: without this, each in-process sweep
     would start its own template and re-import torch and Transformers. Sweeps find it by name.
     """
-    from kvsweep.driver.template_launch import launch_templates
+    from kvsweep.driver.actor_placement import launch_templates
 
     templates = launch_templates()
     assert templates.wait() == "", templates.problem

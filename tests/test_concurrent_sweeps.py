@@ -18,6 +18,8 @@ import pytest
 
 from conftest import FAST, cell_runs
 
+pytestmark = pytest.mark.heavy  # multi-process reliability: the heavy tier (CONTRIBUTING.md)
+
 CELLS = ("grid.caches=[dynamic,static]", "grid.context_lengths=[64,128]")  # 4 cells
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 

@@ -207,7 +207,7 @@ def test_a_hub_gguf_file_the_repo_lacks_names_the_files_it_has(tmp_path, real_gg
 # -- the real sweep (Ray): planned = measured, the origin recorded, the report's note; the command's refusal
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # the real pretrained model
 def test_a_gguf_file_plans_and_runs_through_the_sweep(run_sweep, real_gguf):
     run = run_sweep(
         f"grid.models=[{real_gguf}]",

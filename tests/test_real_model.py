@@ -23,7 +23,7 @@ LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64
 NEW_TOKENS = 8  # short timed calls and KL pass: the task trials are what costs here
 SWEEP_TIMEOUT_S = 1500  # the sweep runs in the first test's setup: eight cells, about 8 minutes on 2 cores
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(SWEEP_TIMEOUT_S)]
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(SWEEP_TIMEOUT_S)]
 
 
 @pytest.fixture(scope="module")

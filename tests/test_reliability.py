@@ -24,6 +24,8 @@ from conftest import (
 from kvsweep.cli import main
 from kvsweep.tracking.journal import Journal
 
+pytestmark = pytest.mark.heavy  # multi-process reliability: the heavy tier (CONTRIBUTING.md)
+
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -190,7 +192,7 @@ def test_interrupt_kills_cells_marks_runs_killed_and_exits_fast(tmp_path):
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_the_exit_code_names_the_signal_even_where_ray_replaces_the_exception(signum, code):
-    from kvsweep.driver.interrupts import SignalInterrupts
+    from kvsweep.driver.sweep_finish import SignalInterrupts
 
     before = signal.getsignal(signum)
     interrupts = SignalInterrupts()
