@@ -2,23 +2,17 @@
 Each rule about a kind of layer is written here once; the planner and the byte accounting call these.
 
 A layer's kind is its window (`windows`): None, full attention; a number, a sliding window or chunk; 0, no keys
-or values. Of the tokens cached, a full-attention layer keeps every one, a sliding-window or chunked layer at
-most its window (`window_tokens`). How a cache layer gets there (`kept_tokens`; `DynamicSlidingWindowLayer`,
+or values. How a sliding layer holds its window (`kept_tokens`; `DynamicSlidingWindowLayer`,
 `StaticSlidingWindowLayer`):
 
-- dynamic: `update` concatenates the kept tokens with the new ones and keeps a view of the last
-  `window - 1`; the view holds the whole concatenation's storage, so after the prefill the layer holds
-  the prompt, and after a decode step `min(tokens, window)`;
-- static: the layer allocates `min(window, CacheStrategy.static_length)` tokens once, before the prefill
-  (`CacheStrategy.allocated_steps`);
-- offloaded (dynamic): the copy to the host takes only the view, `min(tokens, window - 1)`, and the copy
-  back to the device is of that copy.
+- dynamic: `update` concatenates the kept tokens with the new ones and keeps a view of the last `window - 1`,
+  which holds the whole concatenation's storage: the prompt after the prefill, `min(tokens, window)` after a step;
+- static: `min(window, CacheStrategy.static_length)` tokens, allocated once before the prefill;
+- offloaded (dynamic): the copy to the host takes only the view, `min(tokens, window - 1)`, and comes back as is.
 
-A state layer (linear attention, a short convolution) keeps a fixed state (`layer_states`) and no keys or
-values; a layer that shares another's cache, or has no attention, keeps nothing. Which layers an offloaded
-cache moves (`offloads`) follows Transformers' defaults: a `DynamicCache` offloads every attention layer
-(`offload_only_non_sliding=False`), a `StaticCache` keeps its sliding layers on the device (`True`);
-state layers never move.
+A state layer (linear attention, a short convolution) keeps a fixed state (`layer_states`), and a layer sharing
+another's cache keeps nothing. `offloads` follows Transformers' defaults: a `DynamicCache` offloads every attention
+layer (`offload_only_non_sliding=False`), a `StaticCache` keeps its sliding layers on the device (`True`).
 """
 
 from kvsweep.caches.strategy import CacheStrategy, KvDims

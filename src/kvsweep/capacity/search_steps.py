@@ -1,30 +1,17 @@
-"""The search along one axis: gallop from the planner's predicted boundary, then bisect.
+"""The search along one axis: gallop from the planner's predicted boundary, then bisect (docs/capacity.md).
 
-Values are whole steps (a batch size, or a context in units of `search.context_step`) from 1 to a
-ceiling. With an exact prediction the search takes two probes: the predicted value passes, the next one
-fails. Each further probe doubles the distance from the prediction (1, 3, 7 ...) until the frontier is
-bracketed, then halves the bracket: about 2 log2(error) probes for a prediction off by `error`, and with
-no prediction (start 1) plain doubling. Probes never go above a known failure nor below a known pass, so
-assuming a failure at v means a failure above v (memory does; an SLO nearly does), the search ends on a
-passing value whose next value fails, or on the ceiling.
+Values are whole steps (a batch size, or a context in units of `search.context_step`) from 1 to a ceiling. Each
+probe past the prediction doubles the distance from it (1, 3, 7 ...) until the frontier is bracketed, then halves
+the bracket. Probes never go above a known failure nor below a known pass: that assumes a failure at v means a
+failure above v (memory does; an SLO nearly does). A reading's `aim` replaces the next doubling or middle, kept
+inside the bracket; a failure without a reading (an OOM) drops it. With `halve_down`, a failed start is followed
+by half of it: one pass and its aim is shorter than walking down from an overestimate without readings.
 
-Readings sharpen it: after a probe, `aim` may say where its measured memory or latency puts the frontier
-(a straight line through the readings, `aim` below); the next probe goes there, kept inside the
-bracket, instead of the next doubling or the middle. A failure without a reading (an OOM) drops the aim.
-Where passes bring readings (`halve_down`: peak device memory on CUDA, latency under an SLO), a failed
-start is followed by half of it rather than the next step down: one pass, then its aim, is shorter than
-walking down from an overestimate without readings.
+Pure and deterministic: the same outcomes and readings give the same probes, which is what lets an interrupted
+search resume through the probes it already has.
 
-Pure and deterministic: the same outcomes and readings give the same probes, which is what lets an
-interrupted search resume through the probes it already has.
-
-Where a probe's readings put the frontier: memory and latency grow about linearly with batch and context.
-
-The search needs no readings to be right (`Stepping` brackets and bisects); they make it short. A
-passing probe's peak device memory and the memory it may use give the last size that still fits, along
-a line through the two largest passing probes' readings (or, with one, the planner's bytes per step). A
-latency SLO is crossed where the line through the readings nearest the SLO reaches it: between a probe
-that met it and one that did not (regula falsi), or past the two largest that met it.
+Readings aim because memory and latency grow about linearly with batch and context. They make the search short,
+never right: `Stepping` brackets and bisects without them.
 """
 
 import math

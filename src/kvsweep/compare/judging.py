@@ -1,29 +1,11 @@
 """What `compare` compares, per metric: which way is worse, the interval it carries, its verdict words.
 
-Timings carry the 95% interval of their median (decode tokens/s borrows TPOT's, as it is the same
-measurement inverted); task accuracies carry their exact binomial interval; memory peaks and the
-other quality numbers are single readings; KV cache bytes are exact (a count of stored bytes), so
-any change is a change.
-
-How large a change must be before `compare` calls it: defaults chosen from data, or a sweep's own drift.
-
-A run's 95% interval covers its sampling noise, not the drift between two processes minutes apart
-(the host's load and clock, its neighbours, the allocator's luck). Timings drift far more than
-memory peaks or quality readings, so each kind has its own allowance; both defaults were chosen from
-repeated identical quickstart sweeps on a shared 2-core VM (BENCHMARKS.md, "Compare"): timings
-drifted by up to 46% there (TTFT; TPOT 27%), memory peaks by under 2%; each default is the worst drift
-rounded up to the next tenth, plus a tenth. A user with a repeat of sweep A (the same
-sweep run again, nothing changed) gets a measured allowance instead: per metric, the largest change
-any cell showed between A and its repeat (never below the floors the user gave).
-
-The verdict on one metric of one cell measured by both sweeps, and what counts as a regression.
-
-A change is called only when both hold: the two 95% intervals do not overlap (the sweeps' own
-sampling noise cannot explain it), and B/A moved by more than the threshold in either direction
-(max(B/A, A/B) - 1 > threshold) — the allowance for the drift between two runs, which no single
-run's interval covers. Anything less is `within noise`. Exact quantities (KV cache bytes) are
-`same` or changed, with no allowance. A timing measured under contention on either side gets no
-verdict (`contended`).
+The metric kinds, their intervals and the verdicts are tabled in docs/compare.md. A change is called only when the
+two 95% intervals do not overlap (sampling noise cannot explain it) and B/A moved by more than the threshold in
+either direction: the allowance for the drift between two processes minutes apart (the host's load and clock, its
+neighbours, the allocator's luck), which no run's interval covers. Timings drift far more than memory peaks or
+quality readings, so each kind has its own allowance (defaults from repeated identical sweeps, BENCHMARKS.md,
+"Compare"); a repeat of sweep A gives measured ones instead, never below the floors the user gave.
 """
 
 import math

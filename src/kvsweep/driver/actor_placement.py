@@ -1,27 +1,19 @@
 """When a cell's clock starts, and which waiting cells hold a place: Ray may keep an actor unplaced.
 
-An actor waits for its resources (another job's GPUs, an offloaded cell's host memory), and a cell
-waiting for them is not running. So every cell's timeout counts from when Ray has placed its actor
-and the actor is up (its `ready()` has answered). An actor Ray has not placed is given up as
-`timeout` (retried like any) once `cell_timeout_s` passes in which no cell of this sweep was placed
-or ended: each of ours is killed at its own timeout, so any placed before that window would have
-ended by then; what it waits for is held by another job, or the node that had it left.
+An actor waiting for its resources (another job's GPUs, an offloaded cell's host memory) is not running, so a
+cell's timeout counts from when Ray has placed its actor and its `ready()` has answered. An unplaced actor is given
+up as `timeout` (retried) once `cell_timeout_s` passes with no cell of this sweep placed or ended: ours are killed
+at their own timeouts, so what it waits for is held by another job, or the node that had it left.
 
-Host memory: a job with predicted pinned host memory (an offloaded cache, `Job.host_memory_bytes`)
-has its actor reserve that much of Ray's `memory` resource (`memory_ask`), so a node
-runs at once only the offloaded cells whose pinned blocks fit it; the next waits for Ray to place it.
-One such job waits at a time (the queue's other memory jobs keep their order behind it). It holds one
-of `max_concurrent`'s places for `grace_s` (an actor whose resources are free is up by then), and
-again for as long after each cell of this sweep ends (what it waits for may be free now); else it
-holds nothing, and the queue's next jobs that ask no memory run in its place, so no GPU idles behind
-it. GPU cells never outnumber the GPUs: each actor asks Ray for its GPUs. If memory is freed by
-something other than a cell of this sweep ending, the waiting cell may run beside `max_concurrent`
-others: one more cell than that, and only while GPUs are free for it.
+Host memory (`memory_ask`): one memory job waits at a time, the queue's others keep their order behind it. It
+holds one of `max_concurrent`'s places for `grace_s` (an actor whose resources are free is up by then), and again
+after each cell of this sweep ends (what it waits for may be free now); otherwise jobs that ask no memory run in
+its place, so no GPU idles behind it. GPUs never oversubscribe (each actor asks Ray for them); memory freed by
+something outside the sweep may let the waiting cell run as one more than `max_concurrent`.
 
-What each actor reserves (`with_cpus_resolved`, `memory_ask`, `spares_wanted`) is pure arithmetic on the
-cluster's node resources, tested without a cluster. The warm per-node templates cells fork from are
-launched as soon as Ray is up (`launch_templates`), so their seconds of importing torch overlap the
-driver's planning and opening MLflow; the first cell awaits them.
+The reservations are pure arithmetic on the cluster's node resources, tested without a cluster. The templates are
+launched as soon as Ray is up (`launch_templates`), so their seconds of importing torch overlap the driver's
+planning and opening MLflow.
 """
 
 import math
@@ -199,7 +191,7 @@ def launch_templates() -> Templates:
 
 def spares_wanted(prestart: int, needs: CellNeeds) -> int:
     """Spare actors to keep ready: `ray.prestart` for CPU cells, none for cells that hold GPUs (a spare
-    would wait for, or hold idle, a GPU; see the module docstring)."""
+    would wait for, or hold idle, a GPU; docs/cluster.md)."""
     return 0 if needs.gpus > 0 else prestart
 
 
@@ -210,16 +202,12 @@ NODE_CPUS_KEPT = 1  # per node, for Ray's daemons (raylet, GCS), the driver, MLf
 def auto_cpus_per_cell(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
     """`ray.cpus_per_cell=0` (auto): the CPUs Ray reserves for one cell, so its threads can follow them.
 
-    A CPU cell: 1, as always (it computes on every core it may use and cells run one at a time; see
-    `cell/process.py`). A GPU cell: its share of a node's CPUs less `NODE_CPUS_KEPT`, (CPUs - 1) x the
-    GPUs it holds // the node's GPUs, so that the node's concurrent cells together use its cores once,
-    not once each, and leave one core to the processes every node runs besides its cells (each CUDA
-    cell is pinned to cores of its own, `cell/cpu_slots.py`: were all cores lent, those processes would
-    run on some cell's cores and that cell would read them as contention). 16 CPUs and 8 GPUs: 1 each,
-    8 cores lent. Taken on the node that offers the fewest (every node can then fill all its GPUs), at
-    most `GPU_CELL_MAX_CPUS` (a GPU cell's CPU work is mostly one thread launching kernels), at least 1.
-    Nodes that cannot hold a cell (too few GPUs, another accelerator type, a custom resource missing)
-    do not count.
+    A CPU cell: 1 (it computes on every core it may use, and cells run one at a time; `cell/process.py`). A GPU
+    cell: (CPUs - `NODE_CPUS_KEPT`) x its GPUs // the node's GPUs, so the node's concurrent cells use its cores once
+    together and leave one to the processes every node runs besides them (each CUDA cell is pinned to cores of its
+    own, `cell/cpu_slots.py`: had all been lent, those processes would show as some cell's contention). Taken on the
+    node that offers the fewest among those able to hold the cell, at most `GPU_CELL_MAX_CPUS` (a GPU cell's CPU
+    work is mostly one thread launching kernels), at least 1.
     """
     if needs.gpus <= 0:
         return 1
@@ -238,15 +226,10 @@ def with_cpus_resolved(needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> C
 
 
 def memory_ask(host_bytes: int, needs: CellNeeds, nodes: Sequence[dict[str, float]]) -> int:
-    """Bytes of Ray's `memory` resource a cell's actor reserves: the pinned host memory its offloaded
-    cache is predicted to hold (`plan/offload.py`), so that Ray puts side by side on a node only the
-    offloaded cells whose pinned blocks fit its memory (a node's `memory` is what it had free when Ray
-    started there, less its object store), and holds the next one back until one of them ends.
-
-    At most the most that any node able to hold the cell offers: Ray would keep an actor that asks for
-    more pending forever; asking for all of a node's memory, the cell runs there with no other
-    offloaded cell beside it. (Blocks larger than the host's memory outright are planned as
-    `predicted host oom` and never get here.) 0: no ask (no offloading, or no node reports memory).
+    """Bytes of Ray's `memory` resource a cell's actor reserves: its offloaded cache's predicted pinned memory
+    (`plan/offload.py`), so Ray puts side by side on a node only the offloaded cells whose blocks fit (a node's
+    `memory` is what it had free when Ray started, less its object store). At most what the best node able to
+    hold the cell offers: Ray would keep a larger ask pending forever. 0: no ask.
     """
     if host_bytes <= 0:
         return 0

@@ -1,34 +1,13 @@
 """Run cells on Ray: one fresh actor per cell, bounded concurrency, timeouts, retries in the driver.
 
-Results stream back in completion order through `on_result`. Ray's own retries are off (a Ray retry
-would re-run work in a new process behind our back); the driver retries crashed and timed-out cells
-itself, each attempt in a fresh actor. `admit` may answer for a cell without running it (inferred OOM).
+Results stream back in completion order through `on_result`. Ray's own retries are off (they would re-run work
+in a new process behind our back); the driver retries crashed and timed-out cells itself, each in a fresh actor.
+`admit` may answer for a cell without running it (inferred OOM).
 
-Forking (`ray.fork_cells`, the default): one warm `CellTemplate` per node, launched as soon as Ray
-is up (`driver.templates`) and awaited here before the first cell; each cell's actor then has its
-measurement run in a process forked from it (`cell/actor.py`), so no cell imports anything.
-
-Prestart (CPU cells only): up to `prestart` spare actors are created ahead of need, so the next cell
-skips Ray's process start. Without forking a spare also imports the cell code, overlapping the running
-cell. The CPU is the measured device: a spare imports under the host's gate (exclusive lock) and a
-cell's measured phase holds the gate shared, so no spare is preparing while a cell on this host is
-being measured.
-
-GPU cells get no spares. A Ray actor's resources are fixed when it is created, so a spare must ask
-for the GPUs its cell will hold; while every GPU is held by a running cell (the default: one cell
-per GPU) it waits for one to be freed, which is exactly when the next cell's own actor would start:
-nothing overlaps. Where a GPU is free (`max_concurrent` below the GPU count) the spare would hold a
-GPU that no cell measures on, hiding it from everyone else on the cluster. And with forking (the
-default) a spare has nothing to prepare: the template imported everything, the fork takes 0.03 s,
-and CUDA can only be initialised in the cell's own forked process, once its actor holds the GPU.
-
-CPUs: `Limits.needs.cpus` of 0 (`ray.cpus_per_cell=0`, auto) is resolved here against the cluster
-(`driver/actor_placement.py`), and each cell is told the result so that its torch threads match it
-(`cell/process.py`).
-
-Placement (`driver/actor_placement.py`): a cell's timeout counts once Ray has placed its actor; an actor
-Ray leaves unplaced is given up as `timeout`; offloaded cells reserve their pinned host memory from
-Ray, and one waiting for it lends its place to cells that ask none.
+Forking, spares and why GPU cells get none: docs/cluster.md. With forking each cell's measurement runs in a process
+forked from its node's `CellTemplate` (`cell/actor.py`), awaited here before the first cell. A spare (CPU cells
+only) imports under the host's gate (exclusive) while a measured phase holds it shared, so no spare prepares while
+a cell on this host is measured. CPUs of `ray.cpus_per_cell=0` and placement: `driver/actor_placement.py`.
 """
 
 import contextlib

@@ -1,25 +1,17 @@
 """Quantizing a model's weights under a scheme: the Transformers config a checkpoint loads with, and the same
 quantization applied in place to a preset's random weights, so that both measure the same modules.
 
-Which modules a scheme quantizes is decided by Transformers' own quantizer, never by a list of ours: loading a
-checkpoint with `quantization_config(scheme)`, and quantizing a preset's random weights (`quantize_built_model`),
-both run the quantizer's `preprocess_model` (module replacement) and its quantize op per weight. In Transformers
-5.25 every backend here converts the modules Transformers' `should_convert_module` lets through
-`get_modules_to_not_convert` (quantizers/base.py): with no skip list of ours, that is every `nn.Linear` but those
-named by `get_keys_to_not_convert` (the output embeddings, i.e. the lm_head; the module of the model's last
-parameter; weights tied to the embeddings) and the model's `_keep_in_fp32_modules`. quanto replaces any
-`isinstance(m, nn.Linear)` with a `QLinear` (integrations/quanto.py), bitsandbytes only `type(m) is nn.Linear`
-(integrations/bitsandbytes.py), torchao quantizes the weight of any `nn.Linear` in place (quantizer_torchao.py).
-Embeddings, norms, gpt-oss's router and fused expert tensors are not `nn.Linear`: every scheme leaves them in the
-model's dtype. For a `WeightLayout` this means: the linears of `first` and of the decoder layers are quantized,
-those of `last` (the head) are not.
+Transformers' own quantizer decides which modules, never a list of ours: both paths run its `preprocess_model`
+and its quantize op per weight. In Transformers 5.25 every backend here converts what `should_convert_module` lets
+through `get_modules_to_not_convert` (quantizers/base.py): with no skip list of ours, every `nn.Linear` but the
+`get_keys_to_not_convert` ones (the lm_head, the module of the last parameter, weights tied to the embeddings) and
+`_keep_in_fp32_modules`. quanto replaces any `isinstance(m, nn.Linear)`, bitsandbytes only `type(m) is nn.Linear`,
+torchao quantizes any `nn.Linear`'s weight in place. Embeddings, norms, gpt-oss's router and fused experts are not
+`nn.Linear`, so stay in the model's dtype.
 
-Also here: what a built model's weights really occupy, counted from its tensors' storages: the figure a cell records
-(`weights_bytes`), the bytes a decode step reads (`measure/bandwidth.py`), and the check on the byte formulas
-of `weight_schemes.py`.
-
-Checkpoints quantized already: the label a model's config.json gives its weights' quantization, so that a
-cell records where its weights came from and the planner refuses to quantize them again.
+Also here: what a built model's weights really occupy (`stored_bytes`: the cell's `weights_bytes`, the bytes a
+decode step reads in `measure/bandwidth.py`, the check on `weight_schemes.py`'s formulas), and the label of a
+checkpoint quantized already, so a cell records it and the planner refuses to quantize it again.
 """
 
 from collections.abc import Iterator, Mapping

@@ -1,38 +1,25 @@
-"""Weight quantization schemes (`grid.weights`): the names a sweep may ask for, what each needs (a package, CUDA,
-a dtype), and why a cell cannot use one.
+"""Weight quantization schemes (`grid.weights`): what each needs (a package, CUDA, a dtype), why a cell cannot use
+one, and the exact bytes a model's weights take under it, counted from a `WeightLayout` without building the model
+(nor importing torch), so that the planner can size a cell before anything loads.
 
-The exact bytes a model's weights take under a scheme, counted from its shapes (a `WeightLayout`) without
-building it, so that the planner can size a cell before anything loads (and without importing torch).
+Transformers picks the linears a scheme quantizes (`quantize_weights.py`): those of `first` and of the decoder
+layers, never the head's; whatever is not an `nn.Linear` stays in the model's dtype. Bytes per `in` x `out` linear
+(a bias stays in the dtype):
 
-Which linears a scheme quantizes is Transformers' choice (`quantize_weights.py`): those of `first` and of the
-decoder layers, never those of `last` (the head); embeddings, norms and anything else that is not an `nn.Linear`
-stay in the model's dtype.
-
-Bytes each backend stores for one `in` x `out` linear (`linear_bytes`; a bias stays in the model's dtype):
-
-- quanto int8 (`WeightQBytesTensor`): int8 data `out*in`, a scale per output row in the model's dtype, and the
-  QLinear's two float32 scalar buffers `input_scale`/`output_scale` (Transformers' `QuantoQuantize` sets them
-  with `torch.ones(...)`, float32 whatever the model's dtype).
-- quanto int4: the group `g` along `in` is 128, else the largest of 96, 64, 32 dividing `in`; none when
-  `in <= 128` or none divides (then one group per row) (`QModuleMixin.__init__`). `rows` = number of groups
-  (`out*in/g`, or `out`); a scale and a shift per group in the model's dtype (`MaxOptimizer`); data two weights
-  a byte, `PackedTensor` packs along rows: `ceil(rows/2) * cols` bytes. bfloat16 with `g == 128` is re-packed for
-  tinygemm (`TinyGemmWeightQBitsTensor`: data `out*in/2` bytes, scale and shift in one `(in/g, out, 2)` tensor),
-  float16 on CUDA with `g == 128` for AWQ (data `out*in/2`, scale and shift `(in/g, out)` each): the same bytes
-  whenever `rows` is even, which every real model's shapes are. Plus the same two float32 scalars.
-- bitsandbytes int8 (`Int8Params`, `int8_vectorwise_quant`): int8 `out*in` and a float32 scale (`SCB`) per row.
-- bitsandbytes NF4 (`Params4bit`, `quantize_4bit`, no double quantization, block 64): `ceil(out*in/2)` bytes, a
-  float32 absmax per block of 64 weights, and the 16-entry float32 NF4 code of the weight's quant state.
-- torchao int4 (`Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")`, tinygemm on CUDA,
-  bfloat16 only): `out` padded to a multiple of 8 and `in` to a multiple of 1024 (`Int4TilePackedTo4dTensor`),
-  data half a byte per padded weight, scale and zero point packed in one bfloat16 `(in_pad/128, out_pad, 2)`.
+- quanto int8: int8 `out*in`, a scale per row in the dtype, and two float32 scalars `input_scale`/`output_scale`
+  (`QuantoQuantize` sets them with `torch.ones(...)`: float32 whatever the dtype).
+- quanto int4: group `g` from `quanto_group`, `rows` = `out*in/g` (or `out`); a scale and a shift per row in the
+  dtype (`MaxOptimizer`); `PackedTensor` packs two weights a byte along rows: `ceil(rows/2) * cols`. The tinygemm
+  (bfloat16) and AWQ (float16 on CUDA) re-packings at `g == 128` store the same bytes whenever `rows` is even, as
+  in every real model's shapes. Plus the same two float32 scalars.
+- bitsandbytes int8 (`Int8Params`): int8 `out*in` and a float32 scale (`SCB`) per row.
+- bitsandbytes NF4 (`Params4bit`, no double quantization): `ceil(out*in/2)`, a float32 absmax per block of 64
+  weights, and the weight's 16-entry float32 NF4 code.
+- torchao int4 (`Int4TilePackedTo4dTensor`, tinygemm, bfloat16 only): `out` padded to a multiple of 8 and `in` to
+  1024, half a byte per padded weight, scale and zero point in one bfloat16 `(in_pad/128, out_pad, 2)`.
 
 The quanto figures are checked against built models on CPU (tests/test_weight_schemes.py); the bitsandbytes and
-torchao ones are written from those libraries' sources (neither runs on this CPU-only machine) and are for a GPU
-run to confirm with `stored_bytes`.
-
-Applying a scheme to a built model, counting what it really stores and recognising checkpoints quantized
-already: `quantize_weights.py`.
+torchao ones are read from those libraries' sources, for a GPU run to confirm with `stored_bytes`.
 """
 
 import math

@@ -1,36 +1,23 @@
 """What an offloaded cache costs the host: pinned memory, and every layer over the host link per token.
 
-Transformers' offloaded caches (a `Cache` built with `offloading=True`) keep each layer in host memory
-between its uses: before layer i's update the next layer is prefetched to the device
-(`.to(device, non_blocking=True)` on a side stream), and after the update layer i goes back
-(`.to("cpu", non_blocking=True)`). So the prefill writes the whole cache to the host and brings the
-first layer back, and every decode step moves each layer there and back, whole: at long context the
-cache's size twice per token (Llama-3.1-8B, 131k tokens, batch 4: about 137 GB per token, seconds
-over PCIe), enough for a cell to run past its timeout and be retried for nothing. A step's bytes are
-`kv_prediction.decode_kv_traffic`'s host-link figure, the one the cell reports as
-`decode_host_link_bytes_per_token`, so prediction and measurement can be set side by side. "Each layer"
-is each offloaded layer: an `offloaded` (dynamic) cache moves every attention layer, a sliding one as the
-copy of its kept view; an `offloaded_static` cache keeps its sliding layers on the device; state layers
-never move (`caches/layer_tokens.py`).
+Transformers' offloaded caches (`offloading=True`) keep each layer in host memory between uses: before layer i's
+update the next layer is prefetched to the device (`.to(device, non_blocking=True)` on a side stream), and after
+it layer i goes back (`.to("cpu", non_blocking=True)`). So the prefill writes the whole cache to the host, and each
+decode step moves every offloaded layer there and back, whole (docs/cluster.md: 137 GB per token at 131k tokens).
+A step's bytes are `kv_prediction.decode_kv_traffic`'s host-link figure, the one the cell reports, so prediction
+and measurement compare. Which layers move: `caches/layer_tokens.py`. The predicted time is these transfers alone
+over the most calls the measurement rules allow: each call takes at least that, so a cell predicted within its
+timeout may still pass it; one predicted beyond it would pass it if it made every call its rules allow.
 
-The predicted time is these host-link transfers alone over the most calls the cell's measurement
-rules allow (`plan/offload.py`): no compute, no model load, no call of the quality check's dynamic
-baseline. Each call takes at least its transfers, so a cell predicted within its timeout may still
-pass it; one predicted beyond it would pass it if it made every call its rules allow.
-
-Pinned memory: a non-blocking copy from the GPU allocates its host tensor pinned, from CUDA's caching
-host allocator, which rounds each block up to a power of two, reuses a freed block only for a request
-of the same rounded size, and keeps freed blocks until the process ends. Every offload allocates
-anew: a dynamic layer grows on the device (`torch.cat`) and comes back in a new host tensor; a static
-layer comes back at its one, reserved, size. Every layer passes through the host (the two on the
-device at any moment too), so the blocks alive at the peak are, for each layer's keys and values, one
-block of every rounded size the tensor takes in a call: the prefill's and the decode lengths'. From
-4k to 64k tokens the keys of one long_context layer after the prefill are exactly a power of two, so
-the first decoded token moves them to the next one and the prefill-size blocks stay cached beside
-the new ones: at 65,536 x 4, 64 x (2**29 + 2**30) bytes = 103 GB, not the 64 GB the final length
-alone would round to. Later calls reuse the same blocks (the same sizes), and each cell has its own
-process, so that is the cell's peak. (A freed block is reused only once the copy that read it is done;
-a host thread far ahead of its copies can briefly hold more than one block per tensor and size.)
+Pinned memory: a non-blocking copy from the GPU allocates its host tensor from CUDA's caching host allocator, which
+rounds each block up to a power of two, reuses a freed block only for a request of the same rounded size, and keeps
+freed blocks until the process ends. Every offload allocates anew (a dynamic layer grows by `torch.cat`; a static
+one comes back at its reserved size), so the peak holds, per layer's keys and values, one block of every rounded
+size the tensor takes in a call. From 4k to 64k tokens a long_context layer's keys after the prefill are exactly a
+power of two, so the first decoded token moves them to the next one beside the cached prefill-size blocks: at
+65,536 x 4, 64 x (2**29 + 2**30) bytes = 103 GB, not 64. Each cell has its own process, so that is its peak. (A
+freed block is reused only once the copy that read it is done: a host thread far ahead of its copies can briefly
+hold more.)
 """
 
 import math

@@ -1,22 +1,11 @@
 """Does a strategy still do the job? Its task accuracy against dynamic's, its KL from dynamic, and flags.
 
-A cell fed text answers task prompts (passkey needles or a prompts file) after its timed calls; its
-accuracy carries an exact 95% binomial interval. The task can only judge a cache where the model
-does it: dynamic's cell of the same group (model, dtype, batch, context) is the reference, and the
-task is *informative* there when dynamic scores at least `MIN_REFERENCE_ACCURACY` with an interval
-no wider than `MAX_REFERENCE_WIDTH`; otherwise it is *uninformative* (a model that cannot find the
-key at that context says nothing about what a cache does to it) and decides nothing. Where it is
-informative, against dynamic:
-- within `max_accuracy_drop` of dynamic's accuracy: *ok*;
-- further below, with the two intervals apart: *loss*, the strategy is refused;
-- further below, but the intervals overlap: *undecided*, refused too, because a few dozen prompts
-  cannot tell that drop from luck (more `measure.quality_trials` can).
-The task decides there alone: a cache that keeps the model's answers is not refused for the small KL
-every lossy cache has. Where there is no informative task (random ids, an uninformative task), the
-mean teacher-forced KL from dynamic decides: above `max_kl` the strategy is refused (the default was
-calibrated on a real model: docs/report.md). Token agreement is reported only: greedy tokens diverge
-after one near-tie, which says little about the answers. On a random-weight preset (shape-only) no
-task runs and KL says little, so everything there is a flag.
+The rules and their reasons are in docs/report.md ("Quality"). In short: dynamic's cell of the same group (model,
+dtype, batch, context) is the reference, and its task is *informative* when dynamic scores at least
+`MIN_REFERENCE_ACCURACY` with an interval no wider than `MAX_REFERENCE_WIDTH`. There the task decides alone
+(*ok*, *loss*, or *undecided* when the intervals overlap: refused too, as a few dozen prompts cannot tell that
+drop from luck); elsewhere the mean teacher-forced KL from dynamic decides against `max_kl`. Token agreement is
+reported only: greedy tokens diverge after one near-tie. On a random-weight preset everything is a flag.
 
 Pure functions over results (no torch, no MLflow): the selection, the report and the
 `kvsweep.quality_loss` tag all read the same verdict.
