@@ -1,18 +1,13 @@
 """The cell's side of Ray: an actor that lives for exactly one cell and holds its GPUs meanwhile.
 
-The driver (`driver/scheduler.py`) creates one `CellActor` per cell (or a spare ahead of need) and
-kills it when the cell is done. The measurement runs in a fresh process forked from the node's warm
-template (`cell/template.py`), which watches this actor and dies with it; with `ray.fork_cells=false`
-(or no template) it runs here, in this actor's own process, as before. A spare has only started; on
-a CPU host anything it prepares happens under the host's gate held exclusively, and a cell's measured
-phase holds the gate shared, so nothing prepares while a cell on this host is measured.
+The driver (`driver/scheduler.py`) creates one `CellActor` per cell (or a spare ahead of need) and kills it when
+the cell is done. The measurement runs in a process forked from the node's warm template (`cell/template.py`),
+which watches this actor and dies with it; with `ray.fork_cells=false` (or no template) it runs here. On a CPU host
+a spare prepares under the host's gate held exclusively, and a measured phase holds it shared.
 
-A forked CUDA cell runs on cores of its own: the actor asks the node's template for as many as Ray
-reserved for it (`cell/cpu_slots.py`) and its process is pinned to them, so it meters exactly them and
-a sibling GPU cell's kernel launching is not its contention; the slot sits on the NUMA node its GPUs
-hang off when that node has room. The result's `environment.cpus` says which cores the cell ran on,
-`environment.cpus_from` where they came from (`slot`, `affinity` for a CPU cell, or `shared: why` for a
-CUDA cell that got none), `environment.cpus_near_numa_node` the node its slot was asked to sit on (-1: none).
+A forked CUDA cell runs on cores of its own, asked from the template (`cell/cpu_slots.py`); the result's
+`environment.cpus`, `environment.cpus_from` and `environment.cpus_near_numa_node` say which, from where, and the
+NUMA node its slot was asked to sit on (-1: none).
 """
 
 import contextlib

@@ -1,24 +1,17 @@
 """Which of a node's cores each CUDA cell runs on: disjoint sets, handed out by the node's template.
 
-Ray reserves CPUs for a cell's actor as a count and sets no CPU affinity, so without slots every cell
-on a node may run on all its cores, meters all of them, and reads each sibling GPU cell's kernel
-launching (about one core busy) as contention: on a 16-core node that is 1/16 = 0.0625 per sibling,
-above the usual 0.05 limit. The node's template (`cell/template.py`, one per node for the whole
-sweep) owns one `CpuSlots`; a CUDA cell's actor asks it for as many cores as Ray reserved for it, the
-cell's forked process is pinned to them, and its host meter reads exactly them. A CPU cell takes no
-slot: it computes on every core it may use, one cell at a time, and meters them all.
+Ray reserves CPUs as a count and sets no affinity, so without slots every cell meters all of a node's cores and
+reads each sibling GPU cell's kernel launching (about one core) as contention (docs/cluster.md). The node's
+template (`cell/template.py`) owns one `CpuSlots`; a CUDA cell's actor asks it for the cores Ray reserved, and its
+forked process is pinned to them and meters exactly them. A CPU cell takes no slot (one at a time, every core).
 
-A slot goes back when its cell's process has ended (the template's `measure` gives it back whatever
-happened); a slot whose owner process is gone (an actor killed between asking and forking) is taken
-back at the next request, unless its cell's process is still running: that one outlives a killed
-actor by the time it takes to notice and to tear CUDA down, and its cores stay its own meanwhile.
-Plain bookkeeping over the node's cores, tested without Ray: where the cores sit (NUMA node, physical
-core) is read from /sys apart from it.
+A slot goes back when its cell's process has ended, whatever happened. A slot whose owner is gone (an actor killed
+between asking and forking) is taken back at the next request, unless its cell's process still runs: that one
+outlives a killed actor by the time it takes to tear CUDA down, and its cores stay its own meanwhile. Plain
+bookkeeping, tested without Ray; the cores' topology is read from /sys apart from it.
 
-A slot sits on the NUMA node its cell's GPUs hang off when that node has room (`near`, found by the actor
-through `cell/gpu_numa.py`): on a two-socket node, cells on the second socket's GPUs get that socket's
-cores, not the lowest-numbered ones. Where the GPU's node is not known (-1), or it has no room, slots
-are chosen as before: one NUMA node, idle physical cores, the lowest numbers.
+A slot sits on the NUMA node its cell's GPUs hang off when that node has room (`near`, from `cell/gpu_numa.py`);
+otherwise: one NUMA node, idle physical cores, the lowest numbers.
 """
 
 import contextlib

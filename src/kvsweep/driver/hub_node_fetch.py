@@ -1,20 +1,11 @@
 """One model on one node: its files fetched into that node's Hub cache (offline: only looked for there).
 
-This is what each fetch task runs. It reads the repo's file list, fetches only what a load reads, checks the
-files are there, and reads the model's facts from them; whatever goes wrong becomes one line a user can
-act on, the reason the model's cells are skipped.
-
-Which files: a repo often holds the same weights in several formats and files no load opens (a README,
-ONNX exports, another library's checkpoint); fetching them would spend the download on bytes no cell reads.
-The rules follow Transformers' own choice of files, and say why a repo that lacks them cannot be loaded.
-
-From where: the code reaches a repo only through a source (its file list, and some of its files in the Hub
-cache): the Hugging Face Hub itself, or `+testing.hub=FOLDER`, repos saved in a folder, with no network.
-
-With which settings: the driver's environment decides, read once and sent to every node's fetch:
-`HF_HUB_OFFLINE` (fetch nothing; what is cached is used), `HF_HOME` / `HF_HUB_CACHE` (the cache every node
-fetches into and the cells read; unset: each node's own) and `HF_TOKEN` (sent to the fetch tasks only;
-unset: each node's own token, if any).
+What each fetch task runs: the repo's file list, only the files a load reads (a repo often holds the same weights
+in several formats and files no load opens; the rules follow Transformers' own choice, docs/cluster.md), a check
+that they are there, and the model's facts read from them. Whatever goes wrong becomes one line a user can act on,
+the reason the model's cells are skipped. A repo is reached only through a source: the Hub, or `+testing.hub=FOLDER`
+with no network. The driver's `HF_HUB_OFFLINE`, `HF_HOME` / `HF_HUB_CACHE` and `HF_TOKEN` are read once and sent
+to every node's fetch (the token to the fetch tasks only).
 """
 
 import glob

@@ -1,19 +1,10 @@
 """Fetch the Hugging Face Hub models the pending cells need, once per node, before any cell starts.
 
-A Hub model fetched inside its first cell would spend that cell's timeout on the download (a 16 GB
-checkpoint can take all of it), and cells starting together on a node would race for the same files.
-Here each node that runs cells fetches every Hub model in a short Ray task, as `native_builds` builds
-extensions: only the files a model load reads (config, tokenizer, the weights Transformers picks and
-their index; for a GGUF model, `org/name/file.gguf`, that one file), into that node's Hub cache. The
-cells are then told to load from the cached snapshot, with no request to the Hub. A model that cannot
-be fetched (gated without access, missing, offline and not cached) turns its cells into `skipped` with
-the reason before any GPU time is spent.
-
-This module is the driver's side: which models the pending cells need, the fetches spread over the nodes
-and their outcomes combined, and the plan once they are known. The planner reads each model on the driver
-before anything is fetched; a model no node could fetch then has its cells skipped with the reason, and
-one the driver could not read but the nodes fetched is planned again from its fetched files. What each
-node runs is in `hub_node_fetch.py`.
+A Hub model fetched inside its first cell would spend that cell's timeout on the download (a 16 GB checkpoint can
+take all of it), and cells starting together on a node would race for the same files. So each node fetches every
+Hub model in a short Ray task, as `native_builds` builds extensions (what a node runs: `hub_node_fetch.py`), and
+the cells load from the cached snapshot. This is the driver's side: which models the pending cells need, the
+fetches spread over the nodes and their outcomes combined, and the plan once they are known (`plan_after`).
 """
 
 import time

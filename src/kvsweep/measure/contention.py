@@ -1,21 +1,13 @@
-"""Who else used this cell's CPUs while a call was measured?
+"""Who else used this cell's CPUs while a call was measured, and the cell's one contention verdict.
 
-A cell on a shared host is slowed by anything else that runs on its CPUs: another job, a spare
-actor importing, kvsweep's own driver, or the hypervisor giving the vCPU to another guest (steal).
-The kernel's per-CPU counters in `/proc/stat` say how busy each CPU was; subtracting this process's
-own CPU time (all its threads) leaves what others took. Both are read at the start and the end of
-every measured call, so each call carries its own evidence.
+A cell on a shared host is slowed by anything else on its CPUs: another job, a spare actor importing, kvsweep's
+own driver, or the hypervisor giving the vCPU to another guest (steal). `/proc/stat`'s per-CPU counters less this
+process's own CPU time (all threads) leave what others took, read around every measured call so each call carries
+its own evidence. They count USER_HZ ticks (10 ms), good to about one tick per CPU: a call counts as contended only
+when its share exceeds the limit by more than that `resolution` (a 20 ms call cannot tell 0.3 from 0).
 
-`/proc/stat` counts in USER_HZ ticks (10 ms), so a reading is only good to about one tick per CPU:
-`resolution` says how much share that is for the call's length, and a call only counts as contended
-when its share exceeds the limit by more than that (a 20 ms call cannot tell 0.3 from 0).
-
-One contention verdict per cell from all the evidence: the host's CPUs and, on CUDA, the GPU.
-
-`kvsweep.contended` is `true` when any evidence says the kept calls were disturbed, `unknown` when
-some evidence could not be read and none says disturbed, `false` only when everything was read and
-clean. `kvsweep.contention` says what was seen, so a person can judge (`host 0.62, steal 0.00;
-gpu pids 1234`; on a cell over several GPUs, `gpu pids 1234 on GPU-...` names the GPU).
+The verdict joins the host's CPUs and, on CUDA, the GPU: `unknown` when some evidence could not be read and none
+says disturbed, `false` only when everything was read and clean (tags: docs/measurement.md).
 """
 
 import math

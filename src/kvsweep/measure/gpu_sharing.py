@@ -1,19 +1,13 @@
 """Who else is on this cell's GPUs? Shared clusters put other people's jobs beside ours.
 
-Processes are read through NVML and each GPU is matched by UUID (indices differ between processes
-and containers). Without NVML (CPU, no driver) the answer is "unknown", quietly. A cell split over
-several GPUs is probed on each: another process on any of them is contention, and the evidence says
-which GPU it was on.
+Processes are read through NVML, each GPU matched by UUID (indices differ between processes and containers);
+without NVML the answer is "unknown", quietly. The probe runs only once the cell holds a CUDA context on each of
+its GPUs, so our own process must be in each GPU's list:
 
-The probe is asked only once the cell holds a CUDA context on its GPUs (its model is loaded, a layer on
-each), so our own process must be in each GPU's list. Two things follow:
-
-- In a container NVML reports host PIDs: when our own PID is not in a non-empty list, one of the
-  processes is taken to be us (the one with the lowest PID, which cannot be told apart; the others
-  count as someone else).
-- An empty list means NVML cannot show this process at all (a PID namespace it cannot map, a MIG
-  instance, a driver that hides other containers' processes): whoever else is there is hidden just
-  as well, so the answer is "unknown", never "alone".
+- In a container NVML reports host PIDs: when our PID is not in a non-empty list, the lowest PID is taken to be
+  us (they cannot be told apart; the others count as someone else).
+- An empty list means NVML cannot show this process at all (an unmappable PID namespace, a MIG instance, a driver
+  hiding other containers): whoever else is there is hidden as well, so "unknown", never "alone".
 """
 
 import importlib

@@ -1,18 +1,13 @@
 """The measured phase: how many calls, which ones count, and when to stop.
 
-Rules, in order:
-- a call during which others took more than the contention limit of the cell's CPUs is discarded
-  and re-run after a pause that doubles while calls stay contended (a burst may pass), at most
-  `max_discarded` times per cell; once that budget is spent, calls are kept whatever they saw (the
-  verdict then says so);
-- measuring goes on until there are at least `repeats` kept calls and `min_duration_s` of them;
-- with a precision target, it goes on until the 95% intervals of TTFT, TPOT and end-to-end time
-  are within +-target of their medians, or `repeat_cap` calls or `max_duration_s` are reached.
+A contended call is discarded and re-run after a pause that doubles while calls stay contended (a burst may pass),
+at most `max_discarded` times per cell, then kept whatever it saw (the verdict says so). Measuring goes on to at
+least `repeats` kept calls and `min_duration_s`; with a precision target, until the 95% intervals of TTFT, TPOT and
+end-to-end time are within +-target of their medians, or `repeat_cap` calls or `max_duration_s`.
 
-Every meter has one shape (`Meter`): `start` before what it measures, `stop` after, returning a plain
-reading. A call meter brackets each measured call (the host's CPUs in `contention.py`, a call's energy
-in `energy.py`, its peak memory in `peak_memory.py`); a phase meter brackets the whole phase (who else
-is on the GPUs, `gpu_sharing.py`, and the phase's energy); `phase_meters.py` composes them.
+Every meter has one shape (`Meter`): `start` before what it measures, `stop` after, returning a plain reading. Call
+meters bracket each call (`contention.py`, `energy.py`, `peak_memory.py`), phase meters the whole phase
+(`gpu_sharing.py`, the phase's energy); `phase_meters.py` composes them.
 """
 
 import inspect

@@ -1,19 +1,13 @@
 """The statistics kvsweep reports with (standard library only: the driver needs no numpy).
 
-- Order statistics: medians and percentiles of every reported number.
-- How sure is a median: a distribution-free 95% interval. For n independent samples the number below
-  the true median is Binomial(n, 1/2), so the interval between the j-th smallest and the j-th largest
-  sample covers the median with probability P(j <= B <= n - j); the widest j still >= 95% is used. It
-  assumes nothing about the timing distribution (skewed, often bimodal) and, unlike a bootstrap, is
-  exact and deterministic. Below 6 samples no pair reaches 95% (n=5 gives 93.8%): the interval is then
-  the sample range and `coverage` says so.
-- How far a task accuracy can be trusted: the exact (Clopper-Pearson) interval, found by bisection on
-  the binomial tail. A cell answers a few dozen prompts at most, where a normal approximation would
-  give intervals past 0 or 1 exactly where accuracy matters.
-- What two cells' intervals allow a report to say: strategies are told apart only when their intervals
-  do not overlap; a cost against dynamic carries the ratio's uncertainty, both medians' relative
-  half-widths added in quadrature (first-order error propagation for a ratio, symmetric like the `+-`
-  it is printed as).
+- A median's 95% interval is distribution-free: for n independent samples the count below the true median is
+  Binomial(n, 1/2), so the j-th smallest to j-th largest covers it with probability P(j <= B <= n - j). It assumes
+  nothing of the (skewed, often bimodal) timings and, unlike a bootstrap, is exact and deterministic. Below 6
+  samples no pair reaches 95%: the interval is the range and `coverage` says so.
+- A task accuracy's interval is exact (Clopper-Pearson, by bisection on the binomial tail): at a few dozen prompts
+  a normal approximation would give intervals past 0 or 1 exactly where accuracy matters.
+- Strategies differ only where their intervals do not overlap; a cost against dynamic adds both medians' relative
+  half-widths in quadrature (first-order error propagation for a ratio, symmetric like the `+-` it prints as).
 """
 
 import math

@@ -1,19 +1,14 @@
 """A cell's model, built in the cell's dtype on its device, or placed over its GPUs exactly as the planner split it.
 
-Presets get seeded random weights without transformers' default init (which walks every module
-with slow per-layer initialisers): the module is created straight on the target device with init
-skipped, then every parameter is filled with one fast seeded draw.
+Presets get seeded random weights without transformers' default init (which walks every module with slow
+per-layer initialisers): created straight on the target device with init skipped, then one fast seeded draw.
 
-Over several GPUs: `plan/sharding.py` decides which decoder layers each GPU runs; this module turns that into a device
-map over the model's own module names (the decoder's layer list found by its length, the modules
-registered before it with the first GPU, those after it with the last, a head tied to the embeddings
-with them) and loads the model that way: a checkpoint through `from_pretrained(device_map=...)`, a
-preset by creating each weight on its GPU (a 70B preset never passes through host memory) and
-dispatching it with Accelerate's hooks, which move the hidden state from one GPU to the next. The
-cache needs nothing: Transformers creates each cache layer on the device of its layer's keys.
-
-The devices are a list the caller gives (the cell: one `cuda:i` per GPU Ray gave its actor), so the
-whole path runs on a CPU machine with `["cpu", "cpu"]`.
+Over several GPUs (docs/cluster.md): `plan/sharding.py` picks each GPU's decoder layers; this module turns that
+into a device map over the model's own module names (the decoder's layer list found by its length) and loads it: a
+checkpoint through `from_pretrained(device_map=...)`, a preset by creating each weight on its GPU (a 70B preset
+never passes through host memory) and dispatching it with Accelerate's hooks, which move the hidden state between
+GPUs. The cache needs nothing: Transformers creates each cache layer on the device of its layer's keys. The devices
+are the caller's list, so the whole path runs on a CPU machine with `["cpu", "cpu"]`.
 """
 
 from collections.abc import Sequence

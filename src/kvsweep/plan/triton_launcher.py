@@ -1,22 +1,15 @@
 """What a compiled CUDA cell needs from its node besides a GPU: what Triton builds its launcher with.
 
-Inductor turns a compiled graph into Triton kernels, and the first time a process uses Triton on CUDA,
-Triton compiles a small C module (its driver, which launches every kernel) and links it against the
-CUDA driver library. It looks for each part in a fixed order:
-- the C compiler: `$CC` when set (and only it), else `gcc`, else `clang`;
-- Python.h: in the include folder sysconfig gives for the running interpreter's default scheme
-  (Debian's `posix_local` read as `posix_prefix`);
-- libcuda: `$TRITON_LIBCUDA_PATH` when set (trusted as it is), else the folders `/sbin/ldconfig -p`
-  lists `libcuda.so.1` in, else the `LD_LIBRARY_PATH` folders holding it; the link names
-  `libcuda.so.1` itself (`-l:libcuda.so.1`) in the releases torch 2.13 to 2.15 pin (3.7 to 3.9), a
-  plain `-lcuda` in older ones, which needs an unversioned `libcuda.so` there too.
-A pip-installed torch brings none of these, and a container may hold `libcuda.so.1` alone, so on such
-a node every compiled CUDA cell would end in a compiler or linker error at its first call.
+The first time a process uses Triton on CUDA, Triton compiles a small C module (its driver, which launches every
+kernel) against Python.h and links it to libcuda; where it looks for each is in docs/measurement.md. Details that
+matter here: `$CC`, when set, is the only compiler tried; Python.h is sought in sysconfig's include folder for the
+interpreter's default scheme (Debian's `posix_local` read as `posix_prefix`); `$TRITON_LIBCUDA_PATH` is trusted as
+it is. A pip-installed torch brings none of these, and a container may hold `libcuda.so.1` alone, so every compiled
+CUDA cell there would end in a compiler or linker error at its first call.
 
-The check is only as good as where it runs: the driver may be a CPU head node or a laptop, so a sweep
-asks each GPU node (`driver/native_builds.py`) and each cell asks again on its own node; the plan
-made on the driver does not judge it. (A compiled CPU cell compiles C++ with Inductor's own compiler
-search, and is not judged here.)
+The driver may be a CPU head node or a laptop, so a sweep asks each GPU node (`driver/native_builds.py`) and each
+cell asks again on its own node; the plan made on the driver does not judge it. (A compiled CPU cell uses
+Inductor's own C++ compiler search, not judged here.)
 """
 
 import os

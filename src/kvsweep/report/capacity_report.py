@@ -1,24 +1,13 @@
 """The capacity section of selection.md and report.html, capacity.csv, and the capacity figure.
 
-A table per model/dtype/new tokens and search, and the lines.
+A table per model/dtype/new tokens and search: rows the sizes a search held fixed, columns the strategies, each
+cell the frontier (`max batch 24 · 410 tok/s · slo tpot (pred 26)`), plain strings so Markdown and HTML render
+the same. capacity.csv (columns: docs/report.md) has one row per frontier of either axis and every column always,
+empty where a row has no value, so a script reads every sweep's file the same way. `joules_per_token` is the
+frontier cell's own, all its GPUs summed (`measure/energy.py`), as `cost_per_1m_tokens` pays for all of them.
 
-Rows are the sizes a search held fixed (contexts for the batch search, batch sizes for the context
-search), columns the strategies, each cell the frontier: `max batch 24 · 410 tok/s · slo tpot (pred 26)`.
-Plain strings, so Markdown and HTML render the same tables.
-
-capacity.csv: one row per frontier, batch and context searches in one file, for scripts and spreadsheets.
-
-A batch frontier fills `context_length` (the size it held) and `max_batch`; a context frontier fills
-`batch_size` and `max_context`; the other pair stays empty, and `axis` says which it is. Every column is
-always there (empty where a row has no value), so a script reads every sweep's file the same way.
-`pick` is true on the strategy the selection recommends at that size; `quality_refusal` says why the
-quality gate keeps a strategy from being recommended (empty when it does not). `joules_per_token` is the
-frontier cell's own metric: the energy of all the GPUs that cell ran on (a split cell sums them,
-`measure/energy.py`), as `cost_per_1m_tokens` pays for all of them (`ray.gpus_per_cell`).
-
-The figure: a panel per search and new-tokens value, one line per strategy; the marker says what stopped
-the frontier (memory or an SLO), the planner's prediction is dotted beside it, and a strategy the quality
-gate refuses is drawn hollow and dashed.
+The figure: a panel per search and new-tokens value, a line per strategy, the marker saying what stopped the
+frontier, the prediction dotted, a strategy the quality gate refuses hollow and dashed.
 """
 
 import csv

@@ -1,20 +1,15 @@
 """Quantized weights and a quantized KV cache, measured apart: the 2 x 2 a 4-bit deployment needs.
 
-A 4-bit model does not mean a 4-bit cache, and the two save memory, cost speed and lose quality for
-different reasons. Where a sweep has more than one `grid.weights` value for the same request, this
-section lays the cells out as weights (rows) x cache (columns), each against the 16-bit weights with
-the dense cache (`dynamic`): decode time, memory, and quality. Memory is the device peak on GPUs; on
-a CPU the process's peak resident memory, since the weights are in it (the cache's own bytes would
-not show what quantizing the weights saved). Quality is task accuracy where the cells answered a
-task (absolute: comparable across weights), and each cell's agreement with its own dense cache
-(`token_agreement`: what the cache alone loses, under those weights).
+A 4-bit model does not mean a 4-bit cache, and the two save memory, cost speed and lose quality for different
+reasons. Where a sweep has more than one `grid.weights` value for a request, its cells are laid out as weights
+(rows) x cache (columns), each against 16-bit weights with `dynamic`. Memory on a CPU is the process's peak
+resident memory, since the weights are in it (the cache's own bytes would not show what quantizing weights saved).
+Quality is task accuracy (absolute: comparable across weights), and `token_agreement` with the cell's own dense
+cache (what the cache alone loses, under those weights).
 
-The report's note on weights that came from GGUF files: what was measured is not what llama.cpp runs.
-
-Transformers dequantizes a GGUF file's tensors into the cell's dtype as it loads them, so those cells
-measure Transformers' inference on dense weights (their speed and memory are a dense model's), while
-the file's quantization still shapes their quality. Someone reading `Q4_K_M` in a model's name could
-take the numbers for llama.cpp's; the note says they are not. Read from each cell's environment record
+Also the note on GGUF weights: Transformers dequantizes them into the cell's dtype as it loads, so those cells
+measure dense inference (a dense model's speed and memory, the file's quantization still shaping quality), not
+llama.cpp's, whatever `Q4_K_M` in a name suggests. Read from each cell's environment record
 (`models/gguf_source.py`), so a report rebuilt from MLflow says the same.
 """
 

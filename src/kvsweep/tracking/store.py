@@ -1,22 +1,15 @@
 """The MLflow store: opening it when it may not exist yet, the URI sync uses, reading a sweep back.
 
-MLflow makes a fresh sqlite store's tables the first time a process opens it, with no lock: two
-processes doing so at once (a sweep and `mlflow ui`, two sweeps in one folder) run into each other's
-half-made schema and one fails (`table experiments already exists`, `no such index`, an out-of-date
-schema, ...). kvsweep's own processes take turns (a lock file per store in the temporary folder); one
-that collides with another program waits and opens it again, once that program has made the tables.
+MLflow makes a fresh sqlite store's tables the first time a process opens it, with no lock: two processes doing so
+at once (a sweep and `mlflow ui`, two sweeps in one folder) meet each other's half-made schema and one fails.
+kvsweep's own processes take turns (a lock file per store in the temporary folder); one that collides with another
+program waits and opens it again once the tables are made.
 
-Which tracking URI `kvsweep sync` uses, and where its credentials come from.
+`kvsweep sync`: a journal holds its tracking URI redacted (`http://***@host:5000`; kvsweep never writes
+credentials to disk), so sync takes them the way MLflow users already provide them (docs/reliability.md).
 
-kvsweep never writes credentials to disk, so a journal holds its tracking URI redacted
-(`http://***@host:5000`). Sync gets them the way MLflow users already provide them: a full URI
-(`--tracking-uri`, `MLFLOW_TRACKING_URI`), or MLflow's own `MLFLOW_TRACKING_USERNAME` /
-`MLFLOW_TRACKING_PASSWORD` (or `~/.mlflow/credentials`), `MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_AUTH`,
-which MLflow's client sends with every request to the journal's address.
-
-Reading back (`latest_sweep`, `child_runs`, `result_from_run`): the resuming sweep, the delivery of a
-journal and `python -m kvsweep report` read a parent and its cells as `CellResult`s, with the names the
-sweep wrote with (`kvsweep.names`).
+Reading back (`latest_sweep`, `child_runs`, `result_from_run`): the resuming sweep, a journal's delivery and
+`python -m kvsweep report` read a parent and its cells as `CellResult`s, by the names in `kvsweep.names`.
 """
 
 import contextlib
