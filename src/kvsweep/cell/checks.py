@@ -1,15 +1,11 @@
 """Checks that a cell's numbers belong to the strategy it names, and the tags that say so.
 
-- the cache `generate` returned is the one the strategy registry says it must produce;
-- a compiled cell really compiled (torch's own counter of compiled graphs), and compiled nothing
-  more while it was measured (`compile_recaptures`);
-- a compiled CUDA cell ran its graphs as CUDA graphs (`compile_cudagraph_skips`);
-- decode did not move more bytes per second than the device can (`kvsweep.implausible`);
-- how each host peak was taken (`kvsweep.host_peak`);
-- after the timed calls, quality: does this cache give the answers the dynamic cache gives on the same
-  inputs (token agreement, teacher-forced KL), and does it still answer the task? Each cell answers its
-  own prompts, the same for every strategy of a (model, batch, context) pair, in whole batches of the
-  cell's shape, greedy, each only as long as its answer needs.
+The cache `generate` returned is the one the registry says the strategy produces; a compiled cell really compiled
+(torch's own counter), compiled nothing more while measured (`compile_recaptures`) and, on CUDA, ran CUDA graphs
+(`compile_cudagraph_skips`); decode moved no more bytes per second than the device can (`kvsweep.implausible`).
+After the timed calls, quality: the answers the dynamic cache gives on the same inputs (token agreement,
+teacher-forced KL), and the task. Prompts are the same for every strategy of a (model, batch, context) pair, in
+whole batches of the cell's shape, greedy, each only as long as its answer needs.
 """
 
 from collections import defaultdict

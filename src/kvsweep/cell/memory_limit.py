@@ -1,16 +1,11 @@
 """`measure.device_memory_limit_gb`: a cell runs as if its device had that many GB, failing where it would.
 
-The failure is the allocator's own, never a verdict computed from a prediction:
-- CUDA: torch's caching allocator refuses past a fraction of the GPU (`OutOfMemoryError`).
-- CPU: the kernel refuses past a data-segment limit (`RLIMIT_DATA`, which since Linux 4.7 counts the heap
-  and every private writable mapping: weights, KV cache, activations, new threads' stacks). The limit is
-  what the process held at the start plus the cell's GB, so only what the cell allocates counts. torch then
-  raises a `RuntimeError` ("can't allocate memory") and Python a `MemoryError`; `cell/process.py` reads both
-  as OOM.
-
-The limit lasts only while the cell measures: it is lifted on the way out, whatever happened, so the
-process can still build and send its result, and a cell measured in a long-lived process (the actor's
-own, `ray.fork_cells=false`) leaves nothing behind.
+The failure is the allocator's own, never a verdict computed from a prediction: on CUDA torch's caching allocator
+refuses past a fraction of the GPU; on a CPU the kernel refuses past a data-segment limit (`RLIMIT_DATA`, which
+since Linux 4.7 counts the heap and every private writable mapping), set at what the process held at the start
+plus the cell's GB. torch then raises a `RuntimeError` and Python a `MemoryError`; `cell/process.py` reads both as
+OOM. The limit is lifted on the way out, whatever happened, so the process can still send its result and a
+long-lived process (`ray.fork_cells=false`) keeps nothing of it.
 """
 
 import ctypes

@@ -1,16 +1,11 @@
 """What a cell knows of its own process, each a small rule tested without Ray or a GPU.
 
-- Whether an exception means "out of memory": the one place, for the cell's run and its quality check.
-- Whether a process was killed for host memory: a forked cell that dies by SIGKILL is a host OOM when
-  its cgroup's `oom_kill` counter rose while it ran (cgroup v2 `memory.events`, v1 `memory.oom_control`);
-  None when no counter is readable.
-- When this process started, to the clock tick: the start of every cell's timeline.
-- How many intra-op threads torch gets in a cell.
-- NVML started anew in a forked cell (`restart_nvml`): the template's forkserver initialised it and
-  NVML does not survive a fork, so the cell shuts it down until it says so, then starts it afresh.
-- The host's preparation gate (`host_gate`, `GatedRun`): a file lock per Ray session and host; whatever
-  prepares (a spare importing, a template starting) holds it exclusively, a measured phase shared, so
-  nothing heavy starts on a CPU host while a cell there is measured. Standard library only.
+Whether an exception means OOM (the one place), whether a process was killed for host memory, when it started,
+how many torch threads it gets, and the host's preparation gate (`host_gate`, `GatedRun`: a file lock per Ray
+session and host, held exclusively by whatever prepares and shared by a measured phase, so nothing heavy starts
+on a CPU host while a cell there is measured). A forked cell that died by SIGKILL is a host OOM when its cgroup's
+`oom_kill` counter rose meanwhile (v2 `memory.events`, v1 `memory.oom_control`). NVML does not survive a fork and
+the template's forkserver initialised it, so a forked cell shuts it down and starts it afresh (`restart_nvml`).
 """
 
 import contextlib

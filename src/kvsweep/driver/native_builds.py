@@ -1,16 +1,11 @@
 """Build the native extensions runnable cells need, once per node, before any cell is timed.
 
-A build inside a cell would land in its first call (minutes of nvcc, a minute of g++) and, with
-several cells starting together, make them queue on the package's build lock. Here each node that
-runs such cells builds (or, on CUDA, just loads when already built) in a short Ray task holding what
-the cells hold (a GPU for CUDA extensions); a failed build turns those cells into `skipped` with the
-compiler's first error (`build_failure`), so nothing runs into it blind. On a one-node cluster an
-extension already built for the installed torch is not touched.
-
-Compiled CUDA cells need one more native build, Triton's launcher, which Triton makes itself in each
-cell's first call. Where it would fail is found on each GPU node in a short task (`launcher_problems`),
-since the driver may be a machine without the GPU nodes' compiler, headers or libcuda; one node that
-lacks them turns every compiled CUDA cell into `skipped` with what it lacks, as a failed build does.
+A build inside a cell would land in its first call (minutes of nvcc, a minute of g++) and make cells starting
+together queue on the package's build lock. So each node builds (on CUDA, loads when already built) in a short
+Ray task holding what the cells hold (a GPU for CUDA extensions); a failed build turns those cells `skipped` with
+the compiler's first error (`build_failure`). On a one-node cluster an extension built for the installed torch is
+not touched. Triton's launcher, which Triton builds in a compiled CUDA cell's first call, is checked on each GPU
+node the same way (`launcher_problems`): the driver may lack the nodes' compiler, headers or libcuda.
 """
 
 import re

@@ -1,16 +1,10 @@
 """The built-in long-context task: a random pass key hidden at a depth in filler text, asked for at the end.
 
-The prompt's words are fixed here; its tokens are laid out by `layout.py`, so the key sits at the
-asked depth of the exact context length. The answer is the model's greedy continuation: correct when
-the first number in it is the key (a chat model that answers "The pass key is 58213." counts).
-
-Whether a model's greedy answer is right: the pass key, or a prompts file's expected answer.
-
-Exact match on a normalised answer, the way reading-comprehension benchmarks score it: a model that
-says "Paris." or " paris" for "Paris" is right; one that says "Paris, France" is not (say so in the
-file's answer if that is what is wanted). The answer is the first non-empty line, or its first
-sentence ("Paris. It is the capital." answers "Paris"), so what a model goes on to say after its
-answer does not turn a right answer wrong.
+The prompt's words are fixed here; `layout.py` places its tokens so the key sits at the asked depth of the exact
+context length. A passkey answer is right when its first number is the key ("The pass key is 58213." counts). A
+prompts file's answer is an exact match after normalising, as reading-comprehension benchmarks score it ("Paris."
+or " paris" for "Paris", not "Paris, France"), on the first non-empty line's first sentence, so what a model says
+after its answer does not turn it wrong.
 """
 
 import random

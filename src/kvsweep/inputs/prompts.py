@@ -1,15 +1,10 @@
 """A cell's text prompts, exactly `context_length` tokens each: passkey needles or the user's own prompts.
 
-Prompt `i` depends only on the sweep's seed, the context length, `i` and the inputs settings, so
-every strategy of a (model, batch, context) pair gets the same prompts, and each batch row its own.
-
-- passkey: the intro, filler with the key's sentences at the row's depth (`InputSpec.depths`, in
-  turn), the question. The depth is the share of the filler before the needle, taken at the
-  sentence boundary nearest to it: the needle is never spliced into a sentence.
-- file: the record's text, split at its last blank line into a body and the question. A longer
-  body is cut in the middle (its start and its end stay, the question always); a shorter prompt is
-  filled in front with the file's further prompts, then filler text. A prompt used a second time
-  (more rows than records) keeps no answer: it shapes the batch but is not counted twice.
+Prompt `i` depends only on the sweep's seed, the context length, `i` and the inputs settings, so every strategy
+of a (model, batch, context) pair gets the same prompts, and each batch row its own. A passkey needle goes at the
+sentence boundary nearest its depth (`InputSpec.depths`), never spliced into a sentence. A file's record is split
+at its last blank line into body and question; a longer body is cut in the middle (its start and end stay), a
+shorter prompt filled in front; a record used a second time keeps no answer, so it is not counted twice.
 """
 
 import hashlib

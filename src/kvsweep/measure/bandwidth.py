@@ -1,15 +1,11 @@
 """The device's achievable memory bandwidth, measured once per process with a copy benchmark.
 
-Decode is memory-bound: each step reads the weights and the cache. Dividing the bytes a step reads
-by its time and by this bandwidth gives the share of the physical limit a decode step reached — above
-1 is a measurement bug, a few percent says the time goes elsewhere (launches, contention, dequant).
-The copy runs outside every measured phase, on the threads the cell measures with.
-
-On CUDA one 256 MiB copy takes about 130 µs, and a launch plus a host sync 10-20 µs: timing a
-single copy between two syncs reads about 10% low. So a CUDA reading is several back-to-back copies
-between two CUDA events, which time the device's work, not the host's. A CPU copy of tens of MiB
-takes milliseconds and returns when done: one copy per host-clock reading is already exact.
-Each decode timing is then held against that limit (`decode_bandwidth`, `implausible`).
+Decode is memory-bound: each step reads the weights and the cache, so bytes read / step time / this bandwidth is
+the share of the physical limit a step reached (above 1 is a measurement bug; a few percent says the time goes
+elsewhere). The copy runs outside every measured phase, on the threads the cell measures with. On CUDA one
+256 MiB copy takes about 130 µs and a launch plus a host sync 10-20 µs, so a single copy between syncs reads about
+10% low: a reading is several back-to-back copies between two CUDA events. A CPU copy of tens of MiB takes
+milliseconds and returns when done, so one copy per host-clock reading is exact.
 """
 
 import functools

@@ -1,16 +1,10 @@
 """Joules per generated token over the measured phase, from NVML's total-energy counters (CUDA only).
 
-Each of the cell's GPUs has a counter (millijoules since the driver loaded; Volta and newer): a cell split
-over two GPUs draws power on both, so the cell's energy is their sum. The counters are read before and
-after the measured phase; every measured call consumed energy, kept or discarded, so the energy is divided
-by the tokens they all generated. The pauses `measure_phase` takes after a discarded call are not calls:
-their energy is read apart and left out. Each call is also read on its own, for the spread of
-joules per token between repeats: a short call may fall between two updates of a counter. A counter is the
-whole GPU's: another process on it adds its share (the cell's contention tag says whether one was seen).
-Every one of these readings is an `EnergyMeter` (`meter.py`'s shape); `phase_meters.py` places them.
-
-Where it cannot be read (a CPU cell, no pynvml, NVML that cannot start, a GPU without the counter, no NVML
-handle for a GPU's UUID), the answer is why, never a number.
+Each of the cell's GPUs has a counter (millijoules since the driver loaded; Volta and newer), summed over a split
+cell. Read around the measured phase, the energy is divided by the tokens of every measured call, kept or
+discarded (all drew power); the pauses after a discarded call are read apart and left out. Each call is read too,
+for the spread between repeats (a short call may fall between two counter updates). A counter is the whole GPU's:
+another process adds its share. Where it cannot be read, the answer is why, never a number.
 """
 
 import importlib

@@ -1,16 +1,11 @@
 """Peak memory of one measured call: device (the accelerator's allocator) and host (resident set).
 
-Both peaks are the peak of *this* call: the meter (`PeakMemoryMeter`) resets each high-water mark right before the
-call, and the caller makes sure nothing of an earlier call (cache, outputs, logits) is still alive
-then — otherwise the reset starts from what earlier calls left and every repeat reports more.
-
-Host peak uses the kernel's own high-water mark (VmHWM), reset through /proc/self/clear_refs and
-read back to prove the reset took effect; it catches spikes a sampling thread would miss and costs
-nothing during the call. Where the kernel refuses the reset, a sampling thread stands in and the
-result says so (`host_method`), never silently. Freed memory the C allocator keeps stays resident
-(as in a server); handing it back before each call (malloc_trim) was tried and dropped: it made
-every prefill page-fault afresh, +11% TTFT against a bare loop, and left the jitter of a growing
-cache as it was.
+Both are *this* call's: `PeakMemoryMeter` resets each high-water mark right before it, and the caller makes sure
+nothing of an earlier call (cache, outputs, logits) is alive then, or every repeat reports more. The host peak is
+the kernel's VmHWM, reset through /proc/self/clear_refs and read back to prove it; it catches spikes a sampling
+thread would miss, at no cost during the call. Where the kernel refuses the reset a sampling thread stands in and
+`host_method` says so. Freed memory the C allocator keeps stays resident (as in a server); malloc_trim before each
+call was tried and dropped: every prefill page-faulted afresh (+11% TTFT) and the jitter stayed.
 """
 
 import re

@@ -1,16 +1,10 @@
 """The shapes that decide a model's KV cache and working memory, read without Transformers.
 
-Planning a sweep needs only a handful of numbers from a model's config. Reading them from the
-preset table or a folder's `config.json` keeps torch and Transformers (3-4 s of imports) off the
-path from the command to the first cell; only a config this module cannot read (other attribute
-names, custom code, a Hub id, layer kinds its config class derives itself) goes through
-Transformers' `AutoConfig`.
-
-Transformers builds a cache from per-layer types (`layer_types`): a full-attention layer keeps every
-token, a sliding-window or chunked one only its window, a linear-attention or conv layer a fixed
-state and no keys or values, and a layer that shares another's cache (or has no attention) nothing.
-`KvShape.layer_windows` and `state_elements` describe that, layer by layer; both stay empty for a
-model whose every layer is full attention, so such a model is counted exactly as before.
+Reading them from the preset table or a folder's `config.json` keeps torch and Transformers (3-4 s of imports) off
+the path to the first cell; only a config this module cannot read (other attribute names, custom code, a Hub id,
+layer kinds its config class derives) goes through `AutoConfig`. `KvShape.layer_windows` and `state_elements`
+describe Transformers' per-layer types (`caches/layer_tokens.py`); both stay empty for a model whose every layer is
+full attention, so such a model is counted exactly as before.
 """
 
 from collections.abc import Callable, Mapping, Sequence

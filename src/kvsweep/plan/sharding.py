@@ -1,15 +1,11 @@
 """How a cell's model is split over its GPUs, and what each of them is predicted to hold.
 
-A cell with N GPUs places a contiguous run of decoder layers on each (a pipeline: one GPU works at a
-time and the hidden state crosses to the next), the embeddings with the first GPU's layers, the final
-norm and the head with the last's, or with the first's when the head is tied to the embeddings.
-Each layer's cache lives where its layer runs: Transformers creates a cache layer on the device of
-the first keys it is given. The split minimises the largest GPU's predicted peak: its weights, its
-layers' cache, the working set every GPU needs while its layers run (prefill activations, and the
-copies of its largest layer's K/V that attention makes), and on the GPU with the head, the logits.
-
-The planner and the cell both call `split_layers`, so what is predicted is what is placed. Pure
-arithmetic: no torch, so a plan for 8 GPUs is made on a laptop.
+Each GPU gets a contiguous run of decoder layers (a pipeline; placement rules in docs/cluster.md), and each
+layer's cache lives where its layer runs: Transformers creates a cache layer on the device of its first keys. The
+split minimises the largest GPU's predicted peak: its weights, its layers' cache, the working set every GPU needs
+(prefill activations, the copies of its largest layer's K/V that attention makes) and, with the head, the logits.
+The planner and the cell both call `split_layers`, so what is predicted is what is placed. No torch: a plan for
+8 GPUs is made on a laptop.
 """
 
 from collections.abc import Sequence

@@ -2,14 +2,11 @@
 `+testing.hub=FOLDER` (Hub repos served from a folder, `fake_hub.py`), `+testing.lease={period_s: 3, by_pid: false}`
 (the parent run's lease on short times, judged as from another host: `tracking/lease.py`).
 
-They are in neither the schema, `--help` nor the saved config. Composition takes the `testing` node
-off the composed config before it becomes typed and hands it here, where it is checked (one line per
-mistake, like any config key) and becomes the typed `Seams` each cell's request carries.
+Not in the schema, `--help` nor the saved config: composition takes the `testing` node off before typing and hands
+it here, to be checked (one line per mistake) and become the typed `Seams` each cell's request carries.
 
-`KVSWEEP_TESTING_REPORTED_VERSIONS`, set in one node's environment only, makes that node report other
-software than it runs, field by field (`'{"transformers": "9.9.9", "gpu": "NVIDIA A100-SXM4-80GB"}'`):
-a cluster simulated on one machine runs the same packages everywhere, so a mismatch cannot happen for
-real there. Unset (the user's case) nothing changes.
+`KVSWEEP_TESTING_REPORTED_VERSIONS`, set in one node's environment, makes that node report other software than it
+runs (`'{"transformers": "9.9.9"}'`): a cluster simulated on one machine could not have a mismatch for real.
 """
 
 import json

@@ -1,15 +1,11 @@
 """Where things are: the tracking URI a sweep uses, the MLflow UI pages a person opens, and the saved
 "compare strategies" view in MLflow's UI for each sweep, opened by one printed link.
 
-MLflow 3's runs page keeps grouping and charts in saved views: an experiment tag
-`mlflow.sharedViewState.<key>` holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the
-UI's Views menu writes), opened with `#/experiments/<id>/runs?compareRunsMode=CHART&viewStateShareKey=<key>`.
-kvsweep writes one per sweep: only that sweep's cells, with line charts of TPOT, TTFT and KV cache
-bytes and the share of the cell's CPUs other processes took (contention: a contended cell stands out
-as a peak) against `context_length` (a line chart can only put a *metric* on its x axis, so the axes are
-logged as metrics as well as params). Cells are grouped by `cache` plus every other grid axis that
-varies in the sweep: MLflow draws one line per group and averages the runs within it, so grouping
-by `cache` alone would average a batch-1 and a batch-4 cell into one point.
+MLflow 3 keeps a runs page's grouping and charts in saved views: an experiment tag `mlflow.sharedViewState.<key>`
+holding `{name, createdAt, updatedAt, state: "<JSON>"}` (what the UI's Views menu writes), opened with
+`#/experiments/<id>/runs?compareRunsMode=CHART&viewStateShareKey=<key>`. A line chart can only put a *metric* on
+its x axis, so the axes are logged as metrics as well as params. Cells are grouped by `cache` plus every other
+grid axis that varies: MLflow averages the runs within a group, so `cache` alone would average batch 1 and 4.
 """
 
 import json
