@@ -1,13 +1,10 @@
 """Whether one probe passes: it ran (no OOM) and meets the SLO, judged on its 95% intervals' upper ends.
 
-A median under the SLO with an interval reaching over it has not shown it meets the SLO: a serving team
-sizes for what it can promise, so the search judges the upper end, never the median.
+A median under the SLO with an interval reaching over it has not shown it meets the SLO: a serving team sizes for
+what it can promise, so the search judges the upper end, never the median.
 
-Frontiers from results: for each family and fixed size, the largest batch (or context) that passed.
-
-A frontier is rebuilt from its probes' results alone (the live sweep and `kvsweep report` from MLflow
-do the same), whatever order the search asked for them in: the frontier is the largest passing value
-below the smallest failing one, and the probe above it says why it stops there.
+Frontiers are rebuilt from the probes' results alone (the live sweep and `kvsweep report` alike), whatever order
+the search asked for them in: the largest passing value below the smallest failing one, the probe above saying why.
 """
 
 from dataclasses import dataclass

@@ -1,13 +1,9 @@
 """One cell's `generate` calls, made the same way every time, each the size of one request.
 
-A call keeps only what the summary needs (timestamps, peaks, token ids, the cache's byte count and
-identity) and lets the rest — cache, outputs, logits — go before it returns, so the next call's peak
-memory starts from the model alone, not from every earlier call's cache. The one exception is a
-compiled static cell, whose single preallocated cache is kept and reset (`cache_for`).
-
-Both static kinds time the same work: an eager call's `generate` builds a new cache and fills it with
-zeros inside the timed call; a compiled call's kept cache is reset (zero-filled) after the clock
-starts, so its TTFT also pays for the fill.
+A call keeps only what the summary needs (timestamps, peaks, token ids, the cache's bytes and identity) and lets
+cache, outputs and logits go before it returns, so the next call's peak starts from the model alone. The exception
+is a compiled static cell's one preallocated cache, kept and reset (`cache_for`) after the clock starts, so both
+static kinds time the same zero-fill an eager call's `generate` does when it builds its cache.
 """
 
 import functools

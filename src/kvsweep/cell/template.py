@@ -1,17 +1,12 @@
 """A node's warm template: fresh cell processes forked from a process that has already imported.
 
-Importing torch, Transformers and the quantization backends costs a fresh process seconds of CPU
-(BENCHMARKS.md). One `CellTemplate` actor per node owns Python's standard `forkserver`, preloaded
-with the cell code (`cell/forked.py`); every cell's measurement runs in a new process forked from it,
-which has never run another cell. The cell's own Ray actor (`cell/actor.py`) still holds the cell's
-GPUs and stays alive while its process runs; the forked process watches that actor and kills itself
-the moment it is gone (a timeout, Ctrl-C), so Ray's accounting and the reliability rules stay as they
-were. The forkserver is started with NVML-based device checks and must stay CUDA-clean: a template
-whose preloaded imports initialised CUDA refuses to fork (CUDA does not survive a fork).
-
-The template also lends its node's cores: a CUDA cell's actor takes a slot (`take_cpus`, see
-`cell/cpu_slots.py`), its process is pinned to those cores, and `measure` gives the slot back when the
-process has ended, however it ended.
+Importing torch, Transformers and the quantization backends costs a fresh process seconds of CPU (BENCHMARKS.md).
+One `CellTemplate` actor per node owns Python's `forkserver`, preloaded with the cell code (`cell/forked.py`);
+each cell's measurement runs in a new process forked from it. The cell's own actor (`cell/actor.py`) still holds
+its GPUs; the forked process kills itself the moment that actor is gone (a timeout, Ctrl-C), so Ray's accounting
+and the reliability rules stay as they were. The forkserver must stay CUDA-clean (CUDA does not survive a fork):
+its device checks use NVML, and a template whose imports initialised CUDA refuses to fork. It also lends its
+node's cores (`take_cpus`, `cell/cpu_slots.py`), taken back when the cell's process has ended.
 """
 
 import contextlib

@@ -1,14 +1,10 @@
 """Where a sweep's jobs come from: the plain grid, or the capacity searches. One interface, two sources.
 
-A source holds the cells planned before anything runs (what `plan.txt` shows, what the Hub prefetch and the
-native builds work on), says which jobs to run first (after replaying what an earlier run of the same
-sweep measured), and what a finished result asks to run next. The sweep itself only runs jobs and records
-results; it never asks which kind of sweep it is. A new kind of job (a request-mix workload) is a third
-source.
-
-OOM inference (`OomPruner`): a cell that ran out of memory implies the same for every cell of its family
-(model, dtype, cache, compile) at least as large on each size axis; those are recorded `oom` with
-`kvsweep.inferred=true` instead of run, which is why jobs run small to large (`size_order`).
+A source holds the cells planned before anything runs (`plan.txt`, the Hub prefetch and native builds work on
+them), says which jobs to run first (after replaying an earlier run's results) and what a finished result asks to
+run next, so the sweep never asks which kind it is; a new kind of job (a request-mix workload) is a third source.
+OOM inference (`OomPruner`): a family's OOM implies it for every cell at least as large on each size axis, recorded
+`oom` with `kvsweep.inferred=true` instead of run, which is why jobs run small to large (`size_order`).
 """
 
 from dataclasses import dataclass, field

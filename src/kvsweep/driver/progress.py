@@ -1,14 +1,8 @@
 """Sweep progress: cells done/running/left by status, elapsed time, ETA, and which cells are running.
 
-On a terminal a live display redraws in place (`live_display`, rich): a bar, the counts, and each
-running cell with how long it has run; only failures add a line above it. In a log or CI (no TTY)
-every finished cell is one appended line, as `tail -f` and grep expect. Driver only: nothing here
-runs in a cell's actor.
-
-The live progress display on a terminal is drawn with rich, imported only when a terminal shows it.
-
-A bar with done/total, the counts by status, running/left, elapsed and ETA, then one row per
-running cell with how long it has run. Redrawn a few times a second; messages print above it.
+On a terminal a live display (`live_display`, rich, imported only then) redraws in place a few times a second: a
+bar, the counts, and each running cell with how long it has run; failures print above it. In a log or CI (no TTY)
+every finished cell is one appended line, as `tail -f` and grep expect. Driver only.
 """
 
 import sys

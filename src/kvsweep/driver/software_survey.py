@@ -1,17 +1,10 @@
-"""Whether the nodes that run cells (and the driver) measure with the same code: the comparison alone.
+"""Whether the nodes that run cells (and the driver) measure with the same code, asked at connect.
 
-Pure: it takes the reports (`node_software.describe_software`) and says, in one line each, which
-software differs and where, and which GPU models the nodes have. Collecting the reports is
-`software_survey.py`'s job; refusing or going on is the caller's.
-
-At connect, before any cell: every node that can run a cell reports its software, and a mismatch stops
-the sweep (exit 2) unless `ray.allow_mixed_versions=true`; nodes with different GPU models are said.
-
-One tiny Ray task per such node (no CPU asked, so a node whose CPUs are all taken still answers),
-reading metadata only (`node_software.py`). A local instance this process started is asked in this
-process instead: its one node is this machine, and Ray runs its workers with this interpreter and this
-process's environment, so a task there would report exactly what this process does, only a worker
-start later (0.3 s against 0.02 s on a 2-core machine; every sweep of the test suite connects).
+Every node that can run a cell reports its software (`node_software.py`, metadata only) in one tiny Ray task that
+asks no CPU, so a node whose CPUs are all taken still answers; a mismatch stops the sweep (exit 2) unless
+`ray.allow_mixed_versions=true`, and differing GPU models are said. A local instance this process started is
+asked in this process instead: Ray runs its workers with this interpreter and environment, so a task there would
+report the same, a worker start later (0.3 s against 0.02 s on 2 cores; every test sweep connects).
 """
 
 from collections import defaultdict

@@ -1,17 +1,13 @@
 """Filler text for long prompts: plain descriptive prose, generated from a seed, sentence by sentence.
 
-Retrieval in a long context is only a test when the text around the needle is varied (one sentence
-repeated makes attention trivial and hides what a lossy cache does to it) and when nothing in it
-could pass for the answer or for the question's subject. Real text fails the second rule easily: the
-first filler kvsweep used, docstrings of Python's standard library, is about code, keys and passing
-values, and a real chat model asked for "the pass key" after it answered about the text instead.
-
-So the filler is kvsweep's own: small scenes of country life (weather, rivers, gardens, markets,
-kitchens, birds, roads, seasons), each paragraph a topic, each sentence a template (`TOPICS` below)
-filled from word lists (`filler_words.py`). The words were chosen to hold no digits and nothing about
-passing, keys, locks, secrets, codes or computing (`FORBIDDEN_WORDS`, checked by the tests). The text is kvsweep's own
-(Apache-2.0, like the rest of it); nothing is read from disk or downloaded, and paragraph `n` is the
-same on every machine and Python version.
+Retrieval in a long context is a test only when the text around the needle is varied (one sentence repeated makes
+attention trivial and hides what a lossy cache does) and nothing in it could pass for the answer or the question's
+subject. Real text fails the second: the first filler, docstrings of Python's standard library, is about code,
+keys and passing values, and a real chat model asked for "the pass key" after it answered about the text instead.
+So the filler is kvsweep's own (Apache-2.0): scenes of country life, each sentence a template (`TOPICS`) filled
+from word lists (`filler_words.py`) with no digits and nothing about passing, keys, locks, secrets, codes or
+computing (`FORBIDDEN_WORDS`, checked by the tests). Nothing is read or downloaded: paragraph `n` is the same
+everywhere.
 """
 
 import functools

@@ -1,13 +1,10 @@
 """Which cache `generate` really used, and whether it is the one the strategy names.
 
-Transformers falls back quietly: a model without default-cache support ignores
-`cache_implementation` with only a log warning, and `offloaded` is the dynamic cache class with a
-flag. So every ok cell describes the cache object it got back and compares it with what the strategy
-registry says the strategy must produce; a mismatch is an error, never a number under a wrong name.
-
-Its bytes are counted as stored (`cache_bytes`): each layer's attributes are walked, a tensor subclass
-(quanto's packed tensors) opened through `__tensor_flatten__`, tuples and dicts (HQQ's payload) walked,
-every storage counted once, by where it lives (an offloaded cache's device and host parts).
+Transformers falls back quietly: a model without default-cache support ignores `cache_implementation` with only a
+log warning, and `offloaded` is the dynamic cache class with a flag. So every ok cell's returned cache is checked
+against the registry; a mismatch is an error, never a number under a wrong name. Its bytes (`cache_bytes`) are
+counted as stored: tensor subclasses (quanto's packed tensors) opened through `__tensor_flatten__`, tuples and dicts
+(HQQ's payload) walked, each storage counted once, by where it lives (an offloaded cache's device and host parts).
 """
 
 from dataclasses import dataclass

@@ -1,13 +1,10 @@
 """Predict a cell's peak device memory from shapes alone, before anything runs.
 
-peak = weights + the KV cache as the strategy keeps it on the device + a working-set allowance.
-Weights and KV are exact arithmetic (tests check them against a built model's parameter bytes and
-measured `kv_cache_bytes`); the working set is an allowance for prefill activations, the last
-token's logits, and the per-layer K/V copies that concatenation and dequantization make.
-
-A cell with several GPUs (`ray.gpus_per_cell`) is predicted GPU by GPU, split as the cell will place
-it (`plan/sharding.py`): each GPU's weights and cache layers, the working set on each, the logits on
-the GPU with the head. Its peak is the largest GPU's.
+peak = weights + the KV cache as the strategy keeps it on the device + a working-set allowance. Weights and KV are
+exact arithmetic (tested against a built model's parameter bytes and measured `kv_cache_bytes`); the working set
+allows for prefill activations, the last token's logits, and the per-layer K/V copies that concatenation and
+dequantization make. A cell over several GPUs is predicted GPU by GPU as `plan/sharding.py` splits it; its peak is
+the largest GPU's.
 """
 
 import os

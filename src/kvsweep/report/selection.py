@@ -1,17 +1,10 @@
 """The selection table: per model/dtype/batch/context, which strategy to ship, decided from the data.
 
-For every group of cells that differ only in their cache strategy:
-- the *pick*: the *fastest*, the lowest `rank_by` (TPOT by default) among strategies that ran and
-  fit, when its 95% interval does not overlap the runner-up's; otherwise the strategies whose
-  intervals overlap the best one's are *tied within noise* and the pick is the one with the least
-  memory, then the simpler strategy (registry order: `dynamic` first);
-- *leanest*: the least memory among strategies within `max_slowdown` of the fastest median;
-- every strategy's cost relative to `dynamic` (TPOT, TTFT, the `rank_by` timing, memory), its
-  quality flags, and for failures the status with the rollback advice (`report/advice.py`).
-Quality decides eligibility (`quality_gate.py`): a strategy whose task accuracy is lost against
-dynamic's, or undecided, is never picked as fastest or leanest; where no informative task judges the
-group, one whose KL from dynamic is over the limit is not either. Low token agreement is only flagged,
-as is everything on random-weight presets (shape-only).
+For each group of cells differing only in cache strategy: the *pick* is the lowest `rank_by` (TPOT by default)
+among strategies that ran and fit when its 95% interval is apart from the runner-up's; otherwise, among those
+*tied within noise*, the least memory, then the simpler strategy (registry order: `dynamic` first). *Leanest*: the
+least memory within `max_slowdown` of the fastest median. Costs are relative to `dynamic`; failures get rollback
+advice (`report/advice.py`). `quality_gate.py` decides eligibility: a refused strategy is never picked.
 """
 
 import math

@@ -1,17 +1,13 @@
 """A running sweep's lease on its parent run, kept in the run's tags so it works on any MLflow store.
 
-MLflow has no compare-and-set and keeps no server-side time for a tag (a run's start and end times
-are the client's), so kvsweep compares no timestamps between machines. The owner rewrites both lease
-tags every `beat_s`; a reader that cannot check the owner's process itself calls the lease live as soon
-as the tags change, and stale once they stayed the same for `period_s` on the reader's own monotonic
-clock. A claim writes the tags, waits, and reads them back: it holds the lease only if nobody wrote since
-(Fischer's mutual exclusion; the timing argument is in docs/reliability.md).
+MLflow has no compare-and-set and no server-side time for a tag, so no timestamps are compared between machines.
+The owner rewrites both tags every `beat_s`; a reader calls the lease live as soon as they change, and stale once
+they stayed the same for `period_s` on its own monotonic clock. A claim writes, waits and reads back: it holds the
+lease only if nobody wrote since (Fischer's mutual exclusion; the timing argument: docs/reliability.md).
 
-Who holds it: a lease names its owner by host, pid and a random token, plus the process's kernel identity
-(boot id, pid namespace, start time). A reader on the same kernel and pid namespace can then tell at once
-whether the owner still runs: a dead pid, or a pid since reused by another process, is a dead owner.
-Anywhere else (another host, another container) it watches the heartbeat instead. This module imports
-MLflow only where it writes: the driver imports `LeaseHeld` before MLflow is loaded.
+The owner is named by host, pid, a random token and its kernel identity (boot id, pid namespace, start time), so a
+reader on the same kernel and namespace tells at once whether it still runs (a dead or reused pid is a dead owner);
+elsewhere it watches the heartbeat. MLflow is imported only where it writes: the driver imports `LeaseHeld` first.
 """
 
 import contextlib
