@@ -134,14 +134,11 @@ def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
 
 
 def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | None = None) -> list[Cell]:
-    """All combinations, in the config's order: models, weights, dtypes, batch sizes, context lengths,
-    new tokens, caches, compile, the first varying slowest and each axis as the config lists it (the plan
-    reads like the sweep file). The sweep runs them in another order, smallest first
-    (`driver/job_sources.size_order`), so an OOM at a small size can spare the larger cells.
-
-    compile=true only means something for strategies that preallocate (static ones); other
-    strategies get no compiled twin instead of a pointless skipped cell. `inputs_by_model`: what each
-    model is fed (`driver/inputs_choice.py`); a model it does not name gets random ids.
+    """All combinations, in the config's order (the first varying axis slowest), so the plan reads like the
+    sweep file. The sweep runs them smallest first (`driver/job_sources.size_order`), so an OOM at a small size
+    can spare the larger cells. compile=true means something only for strategies that preallocate (static ones);
+    others get no compiled twin rather than a pointless skipped cell. `inputs_by_model`: what each model is fed
+    (`driver/inputs_choice.py`); a model it does not name gets random ids.
     """
     fed = inputs_by_model or {}
     axes = [

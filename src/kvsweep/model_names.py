@@ -1,10 +1,8 @@
 """Names a person can read for model references: tables, selection lines, plot titles, file names.
 
-A local path shows as its folder's name (a Hugging Face cache snapshot as its Hub id), a GGUF file as
-its file name without `.gguf` (on the Hub too: the name carries its quantization), a Hub id or preset
-as given. The full reference stays in the cell's `model` param and the report's evidence table.
-Decided from the text alone (no disk or Hub lookups), so a report rebuilt elsewhere names models
-the same way.
+A local path shows as its folder's name (a Hub cache snapshot as its Hub id), a GGUF file as its name without
+`.gguf` (which carries its quantization), a Hub id or preset as given; the full reference stays in the cell's
+`model` param. Decided from the text alone, so a report rebuilt elsewhere names models the same way.
 """
 
 import re

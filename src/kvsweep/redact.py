@@ -1,10 +1,9 @@
 """Keep secrets out of everything kvsweep prints, writes to disk or logs to MLflow.
 
-Output folders get copied, shared and attached to tickets, so nothing kvsweep writes may hold a
-credential: URIs lose their `user:password@` / `token@` part and secret query parameters, the
-values of secret-looking environment variables are replaced wherever they appear, and so is anything
-shaped like a Hugging Face access token (`hf_` and 30+ letters and digits), wherever it came from (a
-node's own token file, an error message that quotes the header it sent).
+Output folders get copied, shared and attached to tickets, so nothing written may hold a credential: URIs lose
+their `user:password@` / `token@` part and secret query parameters, and secret-looking environment variables'
+values and anything shaped like a Hugging Face token (`hf_` and 30+ letters and digits) are replaced wherever they
+appear (a node's own token file, an error message quoting the header it sent).
 """
 
 import re

@@ -1,11 +1,9 @@
 """The bytes each kind of cache holds, exactly: one function per way of storing K and V; and the device
 bytes a decode step moves for it, one function per way of reading them.
 
-A strategy names its functions in the registry (`CacheStrategy.stored_bytes`, `decode_step_bytes`); the
-planner, the memory estimate and the cell's decode-bytes figure all call them, and tests compare the
-stored bytes with real caches byte for byte. What each kind of layer keeps is `layer_tokens`'s; when a
-static layout is allocated, `CacheStrategy.allocated_steps`. The dense formula is also the yardstick every
-measured `kv_cache_bytes` is compared with.
+A strategy names its functions in the registry (`CacheStrategy.stored_bytes`, `decode_step_bytes`); the planner,
+the memory estimate and the cell's decode-bytes figure all call them, and tests compare the stored bytes with real
+caches byte for byte. The dense formula is also the yardstick every measured `kv_cache_bytes` is compared with.
 """
 
 from collections.abc import Callable

@@ -1,11 +1,9 @@
 """Native extensions a cache backend compiles on first use, and whether this machine can build them.
 
-optimum-quanto compiles its kernels with `torch.utils.cpp_extension.load` the first time a cell
-needs them: on CUDA `quanto_cuda` (unpack, AWQ, Marlin; minutes of nvcc), on CPU `quanto_cpp` (about
-a minute of g++ on 2 cores), inside a cell's first call, written into site-packages, and an `error`
-for every cell where the compiler is missing (a pip-installed torch brings no CUDA toolkit).
-kvsweep plans such cells as skipped when the build cannot happen, and otherwise builds once per
-node before any cell is timed.
+optimum-quanto compiles its kernels with `torch.utils.cpp_extension.load` the first time a cell needs them (CUDA
+`quanto_cuda`: minutes of nvcc; CPU `quanto_cpp`: about a minute of g++ on 2 cores) inside a cell's first call,
+into site-packages, and fails every cell where the compiler is missing (a pip torch brings no CUDA toolkit). So
+kvsweep plans such cells as skipped when the build cannot happen, and otherwise builds once per node first.
 """
 
 import importlib
@@ -47,11 +45,9 @@ class NativeBuild:
 
 
 def installed_torch_version(torch_dir: Path | None = None) -> str | None:
-    """`torch.__version__` (e.g. `2.13.0+cu126`), read from torch's `version.py` without importing torch.
-
-    It is the string quanto writes into its stamp and compares on load. The package metadata is no
-    substitute: PyPI's CUDA wheels declare `2.13.0` there, so a stamp would never match it; and the
-    local tag cannot simply be dropped, since quanto rebuilds a `+cpu` build for a `+cu126` torch.
+    """`torch.__version__` (e.g. `2.13.0+cu126`), read from torch's `version.py` without importing torch: the
+    string quanto stamps and compares on load. Not the package metadata (PyPI's CUDA wheels declare `2.13.0`, so a
+    stamp would never match), nor without the local tag (quanto rebuilds a `+cpu` build for a `+cu126` torch).
     `torch_dir`: the torch package folder (the installed one when None); None when unreadable.
     """
     version = assigned_value(

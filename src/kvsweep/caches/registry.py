@@ -1,10 +1,9 @@
 """The one registry of KV cache strategies, in the order the report lists them (simplest first).
 
-A cell names its strategy as a string (`dynamic`, `static@4096`, `quantized-hqq-int4@r256,g32`); this
-module is the only place that string is parsed: after `@`, a reserved length for a static layout, or a
-quantized layer's settings (r residual length, g group size, ak / av key / value axis). `register` adds
-a strategy at run time (a test, a plugin): the driver sends such strategies to each cell's actor with
-the cell, so both sides know it.
+A cell names its strategy as a string (`dynamic`, `static@4096`, `quantized-hqq-int4@r256,g32`), parsed only here:
+after `@`, a static layout's reserved length, or a quantized layer's settings (r residual length, g group size,
+ak / av key / value axis). `register` adds one at run time (a test, a plugin); the driver sends such strategies to
+each cell's actor with the cell.
 """
 
 import contextlib

@@ -66,9 +66,8 @@ def describe_host(device: str) -> dict[str, Any]:
 def describe_device(device: str, gpus: int = 1) -> dict[str, Any]:
     """The device the cell measures on (on CUDA, once `start_device` has started it).
 
-    On CUDA, each of the cell's `gpus` GPUs (those `cell/model_load.py::cell_devices` places a model over):
-    `gpu_uuids` and the NUMA node each hangs off (`gpu_numa_nodes`, -1: unknown), comma-separated in device
-    order; `gpu_index` and `gpu_uuid` are the first's, as before cells spanned GPUs.
+    On CUDA, each of the cell's `gpus` GPUs: `gpu_uuids` and `gpu_numa_nodes` (-1: unknown), comma-separated in
+    device order; `gpu_index` and `gpu_uuid` are the first's, as before cells spanned GPUs.
     """
     env: dict[str, Any] = {"device_name": device_name(device), "device_total_mem_bytes": device_total_bytes(device)}
     if device == "cuda" and torch.cuda.is_available():

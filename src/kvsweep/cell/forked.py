@@ -63,10 +63,8 @@ def cuda_state() -> dict[str, bool]:
     return {"cuda_initialized": torch.cuda.is_initialized(), "libcuda_mapped": "libcuda.so" in maps}
 
 
-# The template's shortcut (`NVML_CHECK`): `torch.cuda.is_available()` then counts devices with NVML
-# instead of starting CUDA. A cell must not keep it: a GPU NVML counts may still be one CUDA cannot
-# start (a driver older than the torch build), and the cell would go on to fail somewhere less clear.
-# torch reads it at each call (`torch.cuda._nvml_based_avail`), so dropping it suffices.
+# A cell must not keep the template's `NVML_CHECK`: a GPU NVML counts may be one CUDA cannot start (a driver older
+# than the torch build), failing later, less clearly. torch reads it at each call (`_nvml_based_avail`).
 def forked_main(conn: Any, payload: bytes | dict[str, Any]) -> None:
     os.environ.pop(NVML_CHECK, None)  # first: before anything here can ask torch about CUDA
     try:

@@ -93,10 +93,9 @@ class GenerateSession:
     def cache_for(self, strategy: CacheStrategy) -> dict[str, Any]:
         """`generate`'s `cache` argument: a compiled static cell's one cache, emptied; {} for every other cell.
 
-        `generate` would build a new `StaticCache` per call; its tensors are static addresses to the
-        compiler, so CUDA graph trees would record a new graph on every call, inside the measured
-        time. Reusing one cache keeps the addresses, and the graph, of the first calls. Called inside
-        the timed region, as generate builds its own cache there.
+        A new `StaticCache` per call would give the compiler new static addresses, so CUDA graph trees would
+        record a new graph on every call, inside the measured time; one reused cache keeps the first calls'
+        graph. Called inside the timed region, where generate builds its own cache.
         """
         if not self.keeps_cache(strategy):
             return {}

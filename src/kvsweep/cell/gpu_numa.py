@@ -1,11 +1,10 @@
 """Which NUMA node a cell's GPUs hang off, so that its CPU slot can sit on the same socket.
 
-On a two-socket node each socket's PCIe root holds some of the GPUs; a cell whose cores sit on the other
-socket reaches its GPU (kernel launches, the copies of an offloaded cache, sampling's reads) across the
-socket link. The kernel says which node a PCI device hangs off in `/sys/bus/pci/devices/<bus id>/numa_node`
-(-1: it does not know, as on many one-socket nodes and VMs). The bus id comes from NVML, which starts no
-CUDA: the cell's actor asks before its cell's process exists, and the cell asks again by its GPUs' UUIDs
-to record where they really were.
+A cell whose cores sit on the other socket reaches its GPU (kernel launches, an offloaded cache's copies,
+sampling's reads) across the socket link. The kernel gives a PCI device's node in
+`/sys/bus/pci/devices/<bus id>/numa_node` (-1: unknown, as on many one-socket nodes and VMs); the bus id comes from
+NVML, which starts no CUDA, so the actor can ask before its cell's process exists (the cell asks again by UUID to
+record where its GPUs really were).
 """
 
 import contextlib

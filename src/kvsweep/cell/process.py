@@ -95,11 +95,9 @@ def resolve_threads(
 ) -> Threads:
     """How many threads a cell computes with; `measure.threads` > 0 is taken as it is.
 
-    Otherwise (`measure.threads=0`, auto): a CPU cell uses every core its process may run on
-    (`allowed_cpus`, its affinity): the CPU is what it measures, one cell at a time. A CUDA cell's CPU
-    work is launching kernels, and the node's other GPUs have cells launching too: it uses the CPUs
-    Ray reserved for it (`cpus_per_cell`, else the `OMP_NUM_THREADS` Ray sets from the actor's CPUs),
-    never more than `allowed_cpus`; with neither (run outside Ray) every allowed core.
+    Auto (0): a CPU cell uses every core it may run on (`allowed_cpus`): the CPU is what it measures, one cell at
+    a time. A CUDA cell's CPU work is launching kernels beside the node's other cells: it uses the CPUs Ray
+    reserved (`cpus_per_cell`, else Ray's `OMP_NUM_THREADS`), at most `allowed_cpus`; outside Ray, every one.
     """
     if requested > 0:
         return Threads(requested, "measure.threads")

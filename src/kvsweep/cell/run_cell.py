@@ -52,11 +52,10 @@ MAX_ERROR_CHARS = 500
 def run_cell(request: CellRequest, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Entry point for the actor: the cell's request in, a plain dict out.
 
-    `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured".
-    The strategies the driver registered beyond the built-ins are learnt first; the Hub models it fetched
-    load from their cached snapshots, with no request to the Hub. Everything after reading the cell is
-    inside the `try`: whatever fails (CUDA that cannot start included) makes an `error` (or `oom`) result
-    with its message, carrying the environment found so far.
+    `on_phase(name)` is called at "built", "measuring" (it may block: the actor's gate) and "measured". The
+    driver's registered strategies are learnt first. Everything after reading the cell is inside the `try`:
+    whatever fails (CUDA that cannot start included) makes an `error` (or `oom`) result with its message,
+    carrying the environment found so far.
     """
     cell, protocol, options, faults = request.cell, request.protocol, request.options, request.seams.faults
     result = CellResult(request.cell_id, cell, OK)

@@ -37,11 +37,9 @@ class CellTemplate:
     """Lives as long as the sweep, one per node; `measure` may serve several cells at once (threaded)."""
 
     def __init__(self) -> None:
-        # torch.cuda.is_available() then asks NVML instead of initialising the CUDA driver (cuInit):
-        # the forkserver and every process forked from it stay free to initialise CUDA themselves.
-        # Kept in this process (the template's own Ray actor) for its whole life: multiprocessing starts
-        # a new forkserver with this process's environment if the first one dies, and `_fork` imports
-        # the cell code here too. Each cell's process drops it first thing (`cell/forked.py`).
+        # torch.cuda.is_available() then asks NVML instead of cuInit, so forked processes may still start CUDA.
+        # Kept for this actor's whole life: a forkserver that dies is restarted with this environment, and
+        # `_fork` imports the cell code here too. Each cell's process drops it first thing (`cell/forked.py`).
         os.environ[NVML_CHECK] = "1"
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload([FORKED_MODULE])

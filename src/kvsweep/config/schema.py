@@ -1,11 +1,9 @@
 """The structured config schema: every key a user can set, with its type, default, help and bounds.
 
-This is the one place a default lives: the measure presets in conf/measure/ state only how they
-differ from it, and the report, the validator and the command line read their defaults and choice
-lists (`RANK_BY`, `DEVICES`, `DEFAULT_EXPERIMENT`) from here. Registered in Hydra's ConfigStore so
-composition rejects unknown keys and wrong types; each numeric key carries its `Bound` beside its
-help, and `validate.py` checks every bound it finds here (plus the checks a single field cannot
-express: allowed names, one key against another).
+The one place a default lives: conf/measure/ presets state only how they differ, and the report, the validator
+and the command line read defaults and choice lists (`RANK_BY`, `DEVICES`, `DEFAULT_EXPERIMENT`) from here.
+Registered in Hydra's ConfigStore so composition rejects unknown keys and wrong types; `validate.py` checks every
+`Bound` found here, plus what a single field cannot express (allowed names, one key against another).
 """
 
 from dataclasses import dataclass, field

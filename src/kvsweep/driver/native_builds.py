@@ -50,10 +50,9 @@ def _build_on_this_node(build: NativeBuild) -> float:
 def build_failure(exc: BaseException) -> str:
     """Why a build failed, in one line: the compiler's first error, else the first line the build raised.
 
-    A failure inside the Ray task arrives as Ray's wrapper, whose text starts with a coloured
-    `ray::_build_on_this_node() (pid=…, ip=…)` header and a traceback; the exception the build raised
-    is its `cause`. torch's build error holds ninja's whole log (the compile command first), where
-    the compiler's own `error:` line is the one that says what to fix.
+    A failure inside the Ray task arrives as Ray's wrapper (a coloured `ray::_build_on_this_node()` header and a
+    traceback) with the build's exception as its `cause`; torch's build error holds ninja's whole log, where the
+    compiler's own `error:` line says what to fix.
     """
     cause = getattr(exc, "cause", None)
     raised = cause if isinstance(cause, BaseException) else exc

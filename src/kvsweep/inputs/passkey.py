@@ -1,10 +1,10 @@
 """The built-in long-context task: a random pass key hidden at a depth in filler text, asked for at the end.
 
-The prompt's words are fixed here; `layout.py` places its tokens so the key sits at the asked depth of the exact
-context length. A passkey answer is right when its first number is the key ("The pass key is 58213." counts). A
-prompts file's answer is an exact match after normalising, as reading-comprehension benchmarks score it ("Paris."
-or " paris" for "Paris", not "Paris, France"), on the first non-empty line's first sentence, so what a model says
-after its answer does not turn it wrong.
+The prompt's words are fixed here, and its tokens laid out (`FillerStream`, `frame`) so the key sits at the asked
+depth of the exact context length. A passkey answer is right when its first number is the key ("The pass key is
+58213." counts). A prompts file's answer is an exact match after normalising, as reading-comprehension benchmarks
+score it ("Paris." or " paris" for "Paris", not "Paris, France"), on the first non-empty line's first sentence, so
+what a model says after its answer does not turn it wrong.
 """
 
 import random

@@ -77,12 +77,9 @@ def nvml_energy_counter(device: str, gpu_uuids: Sequence[str], nvml: Any = None)
 
 
 class EnergyReads:
-    """The counter read safely by every energy meter of one phase: a reading that fails is kept as the reason,
-    and every later read gives nothing, so one failure makes the phase's answer unknown, never the cell an
-    error.
-
-    `counter` is NVML's (`nvml_energy_counter`) or any function returning each GPU's millijoules; a string
-    is why there is no counter.
+    """The counter read safely by every energy meter of one phase: a failed reading is kept as the reason and
+    every later read gives nothing, so one failure makes the phase's answer unknown, never the cell an error.
+    `counter`: NVML's (`nvml_energy_counter`) or any function of each GPU's millijoules; a string: why none.
     """
 
     def __init__(self, counter: EnergyCounter | str) -> None:

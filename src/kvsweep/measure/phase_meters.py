@@ -1,10 +1,10 @@
 """The measured phase with every meter in its one place: the phase meters around the whole phase, the call
 meters around each call, the energy of each pause read apart.
 
-Phase meters start in this order and stop in the reverse: who else is on the cell's GPUs (`SharingProbe`,
-which first waits for them to leave), then the energy counter. Around each call, the host's CPUs outside
-(`measure_phase` holds that meter: its reading decides whether the call is kept), the call's own energy
-inside. A call's peak memory is read within the call (`GenerateSession.call`), around `generate` alone.
+Phase meters start in this order and stop in reverse: `SharingProbe` (which first waits for others to leave the
+GPUs), then the energy counter. Around each call the host's CPUs outside (`measure_phase` holds that meter: it
+decides whether the call is kept), the call's energy inside; peak memory around `generate` alone
+(`GenerateSession.call`).
 """
 
 import time

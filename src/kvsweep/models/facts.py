@@ -1,10 +1,9 @@
 """What planning needs to know about a model (KV shapes, parameter count), as cheaply as it can be read.
 
-Presets come from their table; a local folder with a plain `config.json` and safetensors weights
-from those files (a safetensors header lists every tensor's shape, so the count is exact and
-costs a few reads); a GGUF file from its header the same way, its shape from the config Transformers
-builds from that header (`models/gguf_source.py`). Anything else (a Hub id, custom code, a quantized or
-multimodal checkpoint) goes through Transformers, imported only then.
+Presets from their table; a local folder with a plain `config.json` and safetensors from those files (a header
+lists every tensor's shape: an exact count for a few reads); a GGUF file from its header likewise
+(`models/gguf_source.py`). Anything else (a Hub id, custom code, a quantized or multimodal checkpoint) goes
+through Transformers, imported only then.
 """
 
 import json

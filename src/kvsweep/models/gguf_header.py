@@ -1,10 +1,8 @@
 """A GGUF file's header (llama.cpp's format): its metadata and tensor table, read without the tensors.
 
-GGUF is little-endian: the magic `GGUF`, a version, the tensor and metadata counts, the metadata
-(key, value type, value), then one entry per tensor (name, dimensions, ggml type, offset). The planner
-needs only the architecture, the quantization type and each tensor's shape, so this reads the header
-with `struct` over a memory map: tens of milliseconds, where the `gguf` package's `GGUFReader` spends
-seconds wrapping each of a tokenizer's ~50k strings. Arrays are skipped, never decoded.
+The planner needs only the architecture, the quantization type and each tensor's shape, so this reads the
+little-endian header with `struct` over a memory map, skipping arrays: tens of milliseconds, where the `gguf`
+package's `GGUFReader` spends seconds wrapping each of a tokenizer's ~50k strings.
 """
 
 import math

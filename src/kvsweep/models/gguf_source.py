@@ -1,10 +1,8 @@
 """A GGUF file (llama.cpp's format) as a model source: which references are one, whether it can be swept, its record.
 
-`grid.models` takes a `.gguf` file on this machine or, on the Hub, `org/name/file.gguf` (the repo id is the
-first two parts, the rest is the file's path in the repo). Transformers loads it with
-`from_pretrained(folder, gguf_file=name)` and kvsweep asks it to dequantize every tensor into the cell's
-dtype, so a cell measures Transformers' inference on dense weights, not llama.cpp's on quantized blocks.
-The file's own quantization (`Q4_1`, `Q4_K_M`...) is therefore recorded as where the weights came from
+`grid.models` takes a local `.gguf` file or, on the Hub, `org/name/file.gguf` (repo id, then the file's path).
+Transformers loads it (`gguf_file=`) dequantizing every tensor into the cell's dtype, so a cell measures dense
+inference, not llama.cpp's; the file's quantization (`Q4_K_M`...) is recorded as where the weights came from
 (`weights_origin`), never as a checkpoint quantized already.
 """
 

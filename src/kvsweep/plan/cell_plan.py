@@ -62,11 +62,9 @@ def plan_cell(
 ) -> PlannedCell:
     """`shape` is None when the model's config could not be read here (the runner reports why).
 
-    With the model's parameter count and the smallest GPU's size known, a CUDA cell predicted not to
-    fit is planned as skipped (unless `skip_predicted_oom` is off). With `gpus` > 1 the model is split over
-    them as the cell will place it (`layout`: where its weights are) and the fullest GPU must fit.
-    Triton's launcher toolchain is not judged here unless `launcher` is given: the plan is made on the
-    driver, not where cells run.
+    A CUDA cell predicted not to fit the smallest GPU is planned as skipped (unless `skip_predicted_oom` is off);
+    with `gpus` > 1 the fullest GPU of the split must fit. Triton's launcher is judged only through `launcher`:
+    the plan is made on the driver, not where cells run.
     """
     strategy = get_strategy(cell.cache)
     dense = stored = on_device = memory = None

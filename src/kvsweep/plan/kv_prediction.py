@@ -29,15 +29,11 @@ def decode_kv_traffic(
     """The cache bytes a decode step moves, as Transformers' cache layers move them, averaged over the
     call's decode steps 1 .. new-1 (the prefill made the first token).
 
-    Device memory: what the strategy's entry says a step reads and writes (`decode_step_bytes`, by
-    default the cache after the step's update). Host link, an offloaded cache only: `Cache.update`
-    brings every offloaded layer to the device before its attention and sends the whole layer back
-    after its update (a static cache keeps its sliding layers on the device, a dynamic one moves them
-    too: `layer_tokens.offloads`), so the link carries those layers as they were before the step and
-    as they are after (`host_link_step_bytes`); attention still reads each layer from device memory,
-    so the device figure is the dense one. Appending the new token to the
-    stored cache is the cache's own update and is not counted (a dynamic layer concatenates it into a
-    new tensor; a static one writes one slot).
+    Device memory: what the strategy's entry says a step reads and writes (`decode_step_bytes`). Host link, an
+    offloaded cache only: `Cache.update` brings every offloaded layer (`layer_tokens.offloads`) to the device
+    before its attention and sends it back whole after its update, so the link carries those layers as before and
+    after the step (`host_link_step_bytes`); attention still reads device memory, so the device figure is the
+    dense one. Appending the new token is the cache's own update and is not counted.
     """
     step_bytes = strategy.decode_step_bytes or attended_bytes
     device = _mean_over_decode(lambda j: step_bytes(strategy, shape, batch, dtype, prompt, new, j), new)

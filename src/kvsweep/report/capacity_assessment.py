@@ -1,12 +1,9 @@
 """Capacity in the report: every search's frontier, whether quality lets it be recommended, and a pick per size.
 
-The frontiers are rebuilt from the results alone (`capacity/frontier.py`), so a live sweep and
-`kvsweep report` from MLflow say the same. At each size a search held fixed (a context for the batch
-search, a batch for the context search) the pick is the strategy that goes furthest (max batch or max
-context), ties broken by goodput. A strategy whose frontier probe fails the quality gate against
-dynamic's is never the pick: the gate (`quality_gate.py`) sees the same verdicts the selection does,
-judged against dynamic's frontier probe at the same context (task accuracy does not depend on batch),
-else any dynamic cell that ran at that context.
+Frontiers come from the results alone (`capacity/frontier.py`). At each size a search held fixed, the pick goes
+furthest (max batch or max context), ties broken by goodput, and never fails the quality gate (`quality_gate.py`,
+the selection's verdicts), judged against dynamic's frontier probe at the same context (task accuracy does not
+depend on batch), else any dynamic cell that ran at that context.
 """
 
 from dataclasses import dataclass, field

@@ -1,12 +1,9 @@
-"""One PNG per model/dtype/batch/new-tokens facet: the evidence behind the selection table.
+"""One PNG per model/dtype/batch/new-tokens facet: the evidence behind the selection table (panels: docs/report.md).
 
-Panels: TTFT, decode tokens/s, peak memory (with the device's capacity), KV cache bytes (measured
-beside the dense formula) against context length, and a memory-vs-TPOT Pareto chart. Timings carry
-error bars from their 95% intervals; cells measured under contention are drawn hollow and labelled.
-Cells that did not run (oom, skipped, error...) are drawn as crosses on the axis with their status,
-never silently missing. Where cells answered a task or measured KL, a second figure per facet
-(`<facet>_quality.png`, trained models only) shows the task accuracy with its exact 95% interval and the KL from dynamic
-against context length, one line per strategy: the evidence behind the quality gate.
+Timings carry error bars from their 95% intervals; contended cells are drawn hollow and labelled; cells that did not
+run are crosses on the axis with their status, never silently missing. Where cells answered a task or measured KL,
+`<facet>_quality.png` (trained models only) shows task accuracy with its exact interval and the KL from dynamic
+against context length: the evidence behind the quality gate.
 """
 
 from collections import defaultdict

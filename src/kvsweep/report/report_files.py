@@ -1,11 +1,7 @@
 """Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt).
 
-Plots: one figure per facet, and a `_quality` figure beside it where cells have task accuracy or KL;
-with a capacity search (`ReportContext.capacity`), a capacity figure per model/dtype first and
-`capacity.csv` beside the pages.
-
-The same function serves the end of a live sweep (folder `<run dir>/report`, then logged on the
-parent run under `report/`) and `python -m kvsweep report` (from MLflow alone).
+One function for the end of a live sweep (`<run dir>/report`, then logged on the parent run under `report/`) and
+`python -m kvsweep report` (from MLflow alone); with a capacity search, its figures and `capacity.csv` too.
 """
 
 from dataclasses import dataclass, field

@@ -1,12 +1,10 @@
 """A stand-in for the Hugging Face Hub that serves repos saved in a local folder (`+testing.hub=FOLDER`).
 
-`FOLDER/org/name/` is a repo (say, a tiny model saved with `save_pretrained`, plus whatever else a real
-repo holds). Beside it, `org/name.gated` makes it gated: only the token written in that file may fetch
-it; `org/name.error` makes every fetch fail with a network error that quotes the token it was sent
-(as a careless proxy might), so a test can check that kvsweep never shows it. A repo without a folder
-is not on the Hub. Fetched files land in a real Hub cache (`models--org--name/` with blobs, snapshot
-links and `refs/main`), so Transformers loads them offline as it would after a real download.
-Every fetch is appended to `FOLDER/fetches.jsonl` with its times; `FOLDER/delay_s` slows each one.
+`FOLDER/org/name/` is a repo (a tiny model saved with `save_pretrained`, and whatever else); a repo without one is
+not on the Hub. `org/name.gated` makes it gated: only the token in that file may fetch it; `org/name.error` fails
+every fetch with a network error quoting the token sent (as a careless proxy might), so a test can check kvsweep
+never shows it. Fetched files land in a real Hub cache layout, so Transformers loads them offline as after a real
+download. Every fetch is appended to `FOLDER/fetches.jsonl` with its times; `FOLDER/delay_s` slows each one.
 """
 
 import hashlib

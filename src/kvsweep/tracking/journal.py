@@ -1,10 +1,8 @@
 """Local JSON-lines journal of a sweep, written before anything is sent to MLflow.
 
-Plain JSON (never pickle), appended and flushed line by line: a header saying which sweep this is
-and where its results belong, the parent run id once MLflow gave one, then one line per finished
-cell. Whatever MLflow missed can be pushed later from here (`python -m kvsweep sync`).
-Every string is redacted on its way to disk: the header's tracking URI keeps its address but not
-its credentials (sync gets those from MLflow's own variables, see `store.py`).
+Plain JSON (never pickle), appended and flushed line by line: a header (which sweep, where its results belong),
+the parent run id once MLflow gave one, then one line per finished cell, so whatever MLflow missed can be pushed
+later (`python -m kvsweep sync`). Every string is redacted on its way to disk (credentials: `store.py`).
 """
 
 import json

@@ -57,10 +57,9 @@ def open_client(tracking_uri: str, attempts: int = OPEN_ATTEMPTS) -> MlflowClien
 def store_file(tracking_uri: str) -> Path:
     """The file of a `sqlite:///PATH` URI.
 
-    A failure to open a store whose file exists is taken for another process's half-made schema: its
-    symptoms are many (a table or index that already exists or is already gone, a locked database, a
-    schema version moved underneath, an ORM attribute missing), so kvsweep waits and opens it again
-    rather than matching messages; a real fault of an existing file still surfaces, after the waits.
+    A failure to open a store whose file exists is taken for another process's half-made schema: its symptoms
+    are too many to match messages (a table or index already there or gone, a locked database, a schema version
+    moved underneath), so kvsweep waits and opens it again; a real fault still surfaces, after the waits.
     """
     return Path(tracking_uri.removeprefix("sqlite:///").split("?", 1)[0])
 

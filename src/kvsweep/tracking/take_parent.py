@@ -1,10 +1,9 @@
 """Which parent run a starting sweep writes to: the one it resumes, when no live sweep holds it, or a new one.
 
-Two identical sweeps started together must not both measure into one parent. Resuming, a sweep takes
-the latest parent's lease first (`lease.py`) and refuses when a live sweep holds it. Where there is
-no parent yet, both may create one: each creates its parent already leased, waits, and looks at every
-leased parent of the sweep; the earliest started (then the lowest run id) goes on. The others delete
-their own parent (it has no cells yet) and look again: they find the one that goes on, held, and refuse.
+Two identical sweeps started together must not both measure into one parent. Resuming, a sweep takes the latest
+parent's lease first (`lease.py`). With no parent yet, each creates its own already leased, waits, and looks at
+every leased parent of the sweep: the earliest started (then lowest run id) goes on; the others delete theirs
+(no cells yet), look again, find that one held, and refuse.
 """
 
 import random
