@@ -20,7 +20,8 @@ from kvsweep.grid import Cell
 from kvsweep.measure.cache_identity import CacheIdentity, KvBytes, cache_bytes, describe_cache
 from kvsweep.measure.peak_memory import CudaMemory, DeviceMemory, PeakMemory, PeakMemoryMeter
 from kvsweep.measure.sampling import TokenClock, TokenTimes
-from kvsweep.testing.faults import Fault, InjectFault
+from kvsweep.testing.faults import InjectFault
+from kvsweep.testing.testing_config import Fault
 
 
 @dataclass

@@ -9,29 +9,12 @@ faults configured nothing here runs.
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor
 
-FAULTS = ("oom", "error", "hang", "exit", "recompile", "cuda_init", "slow")
-PHASES = ("measure", "quality", "start")
-START_FAULTS = ("cuda_init",)  # the faults of the `start` phase, and the only ones it takes
-
-
-def default_phase(fault: str) -> str:
-    """When a fault fires if the config does not say (`during`)."""
-    return "start" if fault in START_FAULTS else "measure"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault chosen for a cell: its kind and, for `slow`, the milliseconds added to each decode step."""
-
-    kind: str
-    ms_per_token: float = 0.0
-
+from kvsweep.testing.testing_config import Fault, default_phase
 
 # torch's own words when the driver is older than the CUDA the build needs (c10/cuda's driver check).
 DRIVER_TOO_OLD = (

@@ -16,7 +16,25 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.errors import ConfigError
-from kvsweep.testing.faults import FAULTS, PHASES, START_FAULTS, default_phase
+
+# The fault names `+testing.faults` takes: here, not in `faults.py`, so checking a config imports no torch.
+FAULTS = ("oom", "error", "hang", "exit", "recompile", "cuda_init", "slow")
+PHASES = ("measure", "quality", "start")
+START_FAULTS = ("cuda_init",)  # the faults of the `start` phase, and the only ones it takes
+
+
+def default_phase(fault: str) -> str:
+    """When a fault fires if the config does not say (`during`)."""
+    return "start" if fault in START_FAULTS else "measure"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault chosen for a cell: its kind and, for `slow`, the milliseconds added to each decode step."""
+
+    kind: str
+    ms_per_token: float = 0.0
+
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
 SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices", "lease")

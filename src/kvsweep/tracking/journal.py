@@ -8,17 +8,18 @@ later (`python -m kvsweep sync`). Every string is redacted on its way to disk (c
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-from mlflow.entities import Run
+from typing import TYPE_CHECKING, Any
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import shape_only_tags
 from kvsweep.names import CAPACITY_CSV, REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
-from kvsweep.tracking.client import SweepTracker
-from kvsweep.tracking.store import sync_tracking_uri
+
+if TYPE_CHECKING:  # the journal is written by a driver that has not imported MLflow yet; delivering needs it
+    from mlflow.entities import Run
+
+    from kvsweep.tracking.client import SweepTracker
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -125,7 +126,7 @@ def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
 
 
 def send_result(
-    tracker: SweepTracker, parent_run_id: str, cell_runs: dict[str, str], result: CellResult, header: SweepHeader
+    tracker: "SweepTracker", parent_run_id: str, cell_runs: dict[str, str], result: CellResult, header: SweepHeader
 ) -> None:
     run_id = cell_runs.get(result.cell_id)
     if run_id is None:
@@ -136,7 +137,7 @@ def send_result(
     tracker.finish_cell(run_id, result, header.device, tags)
 
 
-def ensure_parent(tracker: SweepTracker, header: SweepHeader, known_parent: str | None) -> str:
+def ensure_parent(tracker: "SweepTracker", header: SweepHeader, known_parent: str | None) -> str:
     """The journal's parent run if MLflow has it, else this sweep's latest parent, else a new one."""
     if known_parent:
         try:
@@ -148,7 +149,7 @@ def ensure_parent(tracker: SweepTracker, header: SweepHeader, known_parent: str 
     return found or tracker.start_sweep(header.name, header.sweep_key, header.params, header.config_yaml)
 
 
-def unsent(results: list[CellResult], children: dict[str, Run]) -> list[CellResult]:
+def unsent(results: list[CellResult], children: dict[str, "Run"]) -> list[CellResult]:
     """Results whose cell has no child run holding a status yet (missing, RUNNING or KILLED)."""
 
     def recorded(cell_id: str) -> bool:
@@ -168,6 +169,9 @@ def sync_journal(journal_path: Path, tracking_uri: str | None = None) -> tuple[i
     if contents.header is None:
         raise ValueError(f"{journal_path} has no sweep header; not a kvsweep journal")
     header = contents.header
+    from kvsweep.tracking.client import SweepTracker
+    from kvsweep.tracking.store import sync_tracking_uri
+
     tracker = SweepTracker(sync_tracking_uri(header.tracking_uri, tracking_uri), header.experiment)
     parent = ensure_parent(tracker, header, contents.parent_run_id)
     children = tracker.child_runs(parent)
