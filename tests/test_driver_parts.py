@@ -8,6 +8,7 @@ hung one after its retries; a result reaches MLflow, or stays queued while MLflo
 import shutil
 import time
 
+import pytest
 from mlflow import MlflowClient
 
 from conftest import free_port
@@ -84,6 +85,7 @@ def test_the_sink_sends_a_result_to_mlflow(migrated_store, tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == sink.parent_run_id
 
 
+@pytest.mark.slow  # waits out the sink's own HTTP retries against a closed port: 6 s
 def test_the_sink_keeps_results_queued_while_mlflow_is_down(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     said: list[str] = []

@@ -68,7 +68,7 @@ def _forked_processes() -> set[int]:
     return pids
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # multi-process reliability: a sweep killed with SIGKILL
 def test_a_killed_sweep_leaves_no_forked_process_behind(tmp_path):
     before = _forked_processes()
     hang = "+testing.faults=[{match: {cache: static}, fault: hang}]"

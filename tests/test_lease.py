@@ -26,7 +26,8 @@ from kvsweep.tracking.take_parent import goes_on, take_parent
 
 KEY = "key-lease"
 # Tests that start a holder process or fork rivals: 3-9 s each on two cores (MLflow imported per process).
-spawns = pytest.mark.slow
+# Multi-process reliability: the heavy tier (CONTRIBUTING.md).
+spawns = pytest.mark.heavy
 QUICK = LeaseTimes(beat_s=0.2, period_s=2.0, window_s=1.0)
 ELSEWHERE = LeaseTimes(beat_s=0.2, period_s=2.0, window_s=1.0, by_pid=False)
 HOLDER = """

@@ -11,6 +11,8 @@ import multiprocessing
 import re
 import resource
 
+import pytest
+
 from kvsweep.units import GB
 
 LIMIT_GB = 0.2
@@ -122,6 +124,7 @@ def cells_with_and_without_the_limit():
     }
 
 
+@pytest.mark.slow  # a spawned process that imports torch and measures three cells: 10 s
 def test_a_cell_too_large_for_the_limit_ends_oom_and_runs_without_it():
     assert 2 * 4 * 2 * 32 * 4 * (2048 + 4 - 1) * 16 > CELL_LIMIT_GB * GB > 2 * 4 * 2 * 32 * 4 * (64 + 4 - 1) * 1
     results = spawned(cells_with_and_without_the_limit)

@@ -13,9 +13,10 @@ from kvsweep_testkit.cells import measure_cell
 
 PROTO = MeasureProtocol.exact(warmup=1, repeats=3, seed=0, device="cpu", threads=1).to_dict()
 SHAPE = kv_shape(load_config(classify("tiny-llama")))
+CONTEXT, NEW = 256, 8  # every CPU strategy once: a short cell keeps the fast tier fast
 
 
-def cell(cache, context=512, batch=2, new=16, dtype="float32", compile=False):
+def cell(cache, context=CONTEXT, batch=2, new=NEW, dtype="float32", compile=False):
     return {
         "model": "tiny-llama",
         "dtype": dtype,
@@ -49,22 +50,22 @@ def test_cpu_strategies_all_run(results):
 
 
 def test_dynamic_kv_bytes_equal_the_formula(results):
-    tokens = 512 + 16 - 1
+    tokens = CONTEXT + NEW - 1
     m = results["dynamic"]["metrics"]
     assert m["kv_cache_bytes"] == dense(tokens, 2, 4) == m["kv_cache_bytes_dense"]
 
 
 def test_static_is_sized_to_what_it_was_asked_to_hold(results):
-    assert results["static"]["metrics"]["kv_cache_bytes"] == dense(512 + 16 - 1, 2, 4)
+    assert results["static"]["metrics"]["kv_cache_bytes"] == dense(CONTEXT + NEW - 1, 2, 4)
     assert results["static@2048"]["metrics"]["kv_cache_bytes"] == dense(2048, 2, 4)
 
 
 def test_quantized_stores_packed_codes(results):
-    d = dense(512 + 16 - 1, 2, 4)
+    d = dense(CONTEXT + NEW - 1, 2, 4)
     for name in ("quantized-hqq-int4", "quantized-quanto-int4", "quantized-hqq-int2", "quantized-quanto-int2"):
         stored = results[name]["metrics"]["kv_cache_bytes"]
         assert stored < 0.35 * d, name
-        assert stored == get_strategy(name).held_bytes(SHAPE, 2, "float32", prompt=512, decoded=15), name
+        assert stored == get_strategy(name).held_bytes(SHAPE, 2, "float32", prompt=CONTEXT, decoded=NEW - 1), name
     assert results["quantized-hqq-int8"]["metrics"]["kv_cache_bytes"] < 0.5 * d
 
 
@@ -77,13 +78,13 @@ def test_timings_are_consistent(results):
     for name, result in results.items():
         m, samples = result["metrics"], result["samples"]["repeats"]
         for s in samples:
-            assert len(s["gaps_ms"]) == 16 - 1
+            assert len(s["gaps_ms"]) == NEW - 1
             assert s["ttft_ms"] > 0 and all(g > 0 for g in s["gaps_ms"])
             assert s["e2e_ms"] >= s["ttft_ms"] + sum(s["gaps_ms"])
-        per_run_rate = sorted(2 * 15 / (sum(s["gaps_ms"]) / 1e3) for s in samples)
+        per_run_rate = sorted(2 * (NEW - 1) / (sum(s["gaps_ms"]) / 1e3) for s in samples)
         assert m["decode_tokens_per_s"] == pytest.approx(per_run_rate[1]), name
         assert m["ttft_ms"] == pytest.approx(sorted(s["ttft_ms"] for s in samples)[1]), name
-        assert m["prefill_tokens_per_s"] == pytest.approx(2 * 512 / (m["ttft_ms"] / 1e3), rel=0.01)
+        assert m["prefill_tokens_per_s"] == pytest.approx(2 * CONTEXT / (m["ttft_ms"] / 1e3), rel=0.01)
         assert m["tpot_ms_p90"] >= min(g for s in samples for g in s["gaps_ms"])
         assert m["first_call_ms"] > 0 and m["peak_host_rss_bytes"] > 0
 
@@ -150,7 +151,7 @@ def test_cuda_generation_config_compiles_only_when_asked(cache, compiled):
     assert config.disable_compile is (not compiled)
     assert (config.compile_config is not None) is compiled
     assert config.cache_implementation == get_strategy(cache).implementation
-    assert config.max_new_tokens == 16 and config.eos_token_id is None and config.do_sample is False
+    assert config.max_new_tokens == NEW and config.eos_token_id is None and config.do_sample is False
     assert session.clock.sync == session.device_memory.synchronize  # timestamps synchronize the device
 
 
@@ -160,7 +161,7 @@ def test_quality_is_measured_against_the_dynamic_baseline(results):
     assert kl["dynamic"] is None  # the baseline itself: nothing to compare
     for exact in ("static", "static@2048", "no_cache"):
         assert kl[exact] < 1e-6, exact
-        assert results[exact]["metrics"]["first_divergence"] == 16, exact
+        assert results[exact]["metrics"]["first_divergence"] == NEW, exact
     for name in ("quantized-hqq-int2", "quantized-hqq-int4", "quantized-quanto-int2", "quantized-quanto-int4"):
         assert kl[name] > 1e-6, name
         assert results[name]["metrics"]["kl_divergence_max"] >= kl[name]
@@ -194,10 +195,10 @@ def test_a_quality_check_that_runs_out_of_memory_keeps_the_measurement():
 
 
 def test_every_cell_names_the_cache_generate_really_used(results):
-    """What transformers builds for each strategy, written out by hand (context 512 + 16 new - 1 cached)."""
+    """What transformers builds for each strategy, written out by hand (context + new - 1 cached)."""
     expected = {
         "dynamic": "DynamicCache/DynamicLayer",
-        "static": "StaticCache/StaticLayer max_cache_len=527",
+        "static": f"StaticCache/StaticLayer max_cache_len={CONTEXT + NEW - 1}",
         "static@2048": "StaticCache/StaticLayer max_cache_len=2048",
         "quantized-quanto-int2": "QuantizedCache/QuantoQuantizedLayer nbits=2",
         "quantized-quanto-int4": "QuantizedCache/QuantoQuantizedLayer nbits=4",

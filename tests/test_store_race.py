@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 
 from kvsweep.tracking.client import SweepTracker
 
-pytestmark = pytest.mark.slow  # four processes making MLflow's schema: 10-20 s on two cores
+pytestmark = pytest.mark.heavy  # multi-process reliability: four processes making MLflow's schema, 10-20 s
 
 
 def _open(uri: str, barrier, answers, plain: bool) -> None:

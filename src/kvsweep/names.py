@@ -167,6 +167,12 @@ CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci
 CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100
 
 
+def is_cell_metric(name: str) -> bool:
+    """A name a cell may log: one of `CELL_METRICS`, or a per-depth passkey accuracy."""
+    depth = name.removeprefix(PASSKEY_DEPTH_PREFIX)
+    return name in CELL_METRICS or (depth != name and depth.isdigit() and 0 <= int(depth) <= 100)
+
+
 def sweep_count_metric(status: str) -> str:
     """The parent run's count of cells that ended with `status` (`cells_ok`, `cells_oom` ...)."""
     return f"cells_{status}"
