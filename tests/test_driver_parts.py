@@ -57,6 +57,7 @@ def test_the_scheduler_gives_every_cell_exactly_one_result(ray_cluster):
     assert {r.status for r in results} == {OK} and sorted(started) == sorted(j.cell_id for j in jobs)
 
 
+@pytest.mark.heavy  # multi-process reliability: a hung actor killed at its timeout
 def test_a_hung_cell_is_killed_at_its_timeout_retried_once_then_recorded(ray_cluster):
     results: list[CellResult] = []
     began = time.monotonic()
@@ -85,7 +86,7 @@ def test_the_sink_sends_a_result_to_mlflow(migrated_store, tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == sink.parent_run_id
 
 
-@pytest.mark.slow  # waits out the sink's own HTTP retries against a closed port: 6 s
+@pytest.mark.heavy  # multi-process reliability: MLflow down; waits out the sink's own HTTP retries, 6 s
 def test_the_sink_keeps_results_queued_while_mlflow_is_down(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     said: list[str] = []

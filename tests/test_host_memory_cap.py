@@ -62,6 +62,7 @@ def memory_holder(ray_cluster, share: float) -> tuple[object, int]:
     return holder, int(node_memory)
 
 
+@pytest.mark.heavy  # multi-process reliability: a cell Ray never places, timed out
 def test_a_cell_left_waiting_for_memory_lets_cells_that_ask_none_run_then_times_out_saying_why(ray_cluster):
     holder, node_memory = memory_holder(ray_cluster, 0.6)
     protocol = MeasureProtocol.exact(warmup=0, repeats=1, seed=0, device="cpu", threads=1)

@@ -100,6 +100,7 @@ def test_no_file_written_and_no_mlflow_artifact_holds_a_credential(
     assert not _leaks(str(experiment.tags).encode())  # the saved chart view
 
 
+@pytest.mark.heavy  # multi-process reliability: MLflow refusing a sweep, then sync
 def test_sync_takes_credentials_from_mlflows_environment_variables(
     ray_cluster, cell_template, auth_server, tmp_path, monkeypatch, capsys
 ):

@@ -175,6 +175,7 @@ def _fast():
     return FAST
 
 
+@pytest.mark.heavy  # multi-process reliability: a hung cell's process killed at its timeout
 def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
     """No retry: that a timed-out cell is retried once is the scheduler's own test (test_driver_parts)."""
     run = run_sweep(
@@ -187,6 +188,7 @@ def test_hung_cell_times_out_and_the_sweep_completes(run_sweep):
     assert run.code == 1
 
 
+@pytest.mark.heavy  # multi-process reliability: a crashed cell's process, retried
 def test_crashed_cell_is_retried_and_logged_once(run_sweep):
     run = run_sweep("grid.caches=[dynamic]", "ray.max_retries=1", "+testing.faults=[{match: {}, fault: exit}]")
     _, children = cell_runs(run.tracking_uri)
