@@ -41,6 +41,7 @@ def test_the_hand_count_is_the_published_one():
     assert SMOLLM2_PARAMETERS == 134_515_008  # SmolLM2-135M's model card (and sum(p.numel()) of the loaded model)
 
 
+@pytest.mark.heavy  # the real pretrained model: its 98 MB GGUF file read through gguf
 def test_the_header_gives_the_shape_and_the_exact_parameter_count(real_gguf):
     facts = read_facts(classify(str(real_gguf)))
     shape = facts.shape
@@ -168,6 +169,7 @@ def hub_with_gguf(tmp_path: Path, real_gguf: Path) -> Path:
     return tmp_path / "hub"
 
 
+@pytest.mark.heavy  # the real pretrained model: its 98 MB GGUF file read through gguf
 def test_a_hub_gguf_file_is_fetched_alone_and_read_from_the_cache(tmp_path, real_gguf):
     hub, cache = hub_with_gguf(tmp_path, real_gguf), tmp_path / "cache"
     model = f"{HUB_REPO}/{GGUF_NAME}"
