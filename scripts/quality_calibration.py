@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "passkey-llama"
 CACHES = (
     "dynamic",
+    "quantized-fp8",
     "quantized-quanto-int4",
     "quantized-quanto-int2",
     "quantized-hqq-int8",

@@ -103,3 +103,20 @@ def replay_quantized_layer_updates(prompt: int, new: int, nbits: int, residual_l
 def test_a_quantized_decode_through_residual_flushes_matches_a_replay_of_the_layer(prompt, new):
     got = traffic("quantized-hqq-int2", prompt=prompt, new=new, shape=GROUPED, batch=1, dtype="float16")
     assert got.device_bytes == pytest.approx(replay_quantized_layer_updates(prompt, new, nbits=2))
+
+
+def test_an_fp8_step_counts_its_codes_and_the_float32_widening_by_hand():
+    """SMALL (48 K and V elements a token, batch 2: 96 a token), prompt 5, 3 new, float32. Before step j the cache
+    holds 5 + j - 1 tokens of one-byte codes plus 3 layers x 2 float32 scales (24 bytes). Step j, t = 5 + j tokens,
+    e = 96 t: read the held codes and scales, read the new token (384 bytes), write e codes, read e codes, write 4e
+    (widened), read and write 4e (scaled; float32, so no cast), attention reads 384 t.
+    Step 1 (t 6, e 576): 5 x 96 + 24 + 384 + 576 + 576 + 2304 + 4608 + 2304 = 11,256.
+    Step 2 (t 7, e 672): 6 x 96 + 24 + 384 + 672 + 672 + 2688 + 5376 + 2688 = 13,080."""
+    got = traffic("quantized-fp8", prompt=5, new=3)
+    assert got.device_bytes == pytest.approx((11_256 + 13_080) / 2)
+    assert got.host_link_bytes == 0.0
+    # bfloat16, one step (t 6, e 576): the dense reads halve (192 the new token, 2e attention) and the cast back to
+    # the model's dtype reads 4e and writes 2e
+    bf16 = traffic("quantized-fp8", prompt=5, new=2, dtype="bfloat16")
+    e = 576
+    assert bf16.device_bytes == pytest.approx(5 * 96 + 24 + 192 + e + e + 4 * e + 8 * e + 4 * e + 2 * e + 2 * e)

@@ -128,7 +128,7 @@ def test_an_unquoted_list_split_at_the_comma_is_explained(capsys):
 
 
 def test_allowed_names_show_the_settings_syntax():
-    assert "quantized-hqq-int1" in allowed_cache_names() and "quantized-hqq-int3" in allowed_cache_names()
+    assert "quantized-hqq-int{1,2,3,4,8}" in allowed_cache_names()  # every bit width, on one line
     assert "@r<residual length>,g<group size>,ak<key axis>,av<value axis>" in allowed_cache_names()
 
 

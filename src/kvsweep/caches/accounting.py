@@ -77,6 +77,39 @@ def quantized_step_bytes(
     return stored + dense(1) + 2 * dense(packed_tokens) + 2 * dense(prompt + step)
 
 
+FP8_SCALE_BYTES = 4  # Transformers' FP8 layer keeps one float32 scale per K (and per V) tensor
+
+
+def fp8_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
+    """Transformers' `Fp8QuantizedLayer`: every cached token of K and V in float8_e4m3fn (one byte an element),
+    and per layer one float32 scale for K and one for V, fixed by the prompt. No residual: nothing stays dense."""
+    return _fp8_elements(shape, batch, prompt + decoded) + shape.layers * 2 * FP8_SCALE_BYTES
+
+
+def fp8_step_bytes(
+    strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, new: int, step: int
+) -> int:
+    """Device bytes decode step `step` (1 ..) of an FP8 cache moves, following `Fp8QuantizedLayer.update`.
+
+    With t = prompt + step tokens after the step and e their K and V elements: the new token is read and scaled
+    (dense(1)); the concatenation reads the held codes and writes e new ones; dequantize reads e codes, widens
+    them to float32 (writes 4e), multiplies by the scale (reads and writes 4e) and, unless the model computes in
+    float32, casts to its dtype (reads 4e, writes dense(t)); attention reads dense(t). Not counted, so a floor:
+    the one-token temporaries of quantizing the new token.
+    """
+    tokens = prompt + step
+    elements = _fp8_elements(shape, batch, tokens)
+    dense = dense_kv_bytes(shape, tokens, batch, dtype)
+    widen = 4 * elements + 2 * 4 * elements + (0 if dtype == "float32" else 4 * elements + dense)
+    held = strategy.held_bytes(shape, batch, dtype, prompt, step - 1)
+    return held + dense_kv_bytes(shape, 1, batch, dtype) + elements + elements + widen + dense
+
+
+def _fp8_elements(shape: KvDims, batch: int, tokens: int) -> int:
+    """K and V elements of every layer for `tokens` tokens: the FP8 codes' bytes."""
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * tokens * batch
+
+
 def no_bytes(strategy: CacheStrategy, shape: KvDims, batch: int, dtype: str, prompt: int, decoded: int) -> int:
     return 0
 

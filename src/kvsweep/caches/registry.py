@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from kvsweep.caches.accounting import (
+    fp8_bytes,
+    fp8_step_bytes,
     hqq_bytes,
     hqq_problem,
     kept_bytes,
@@ -85,6 +87,16 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         preallocates=True,
         device_layers=OFFLOADED_DEVICE_LAYERS,
     ),
+    CacheStrategy(  # Transformers' own FP8 layer: no extra package, one per-tensor scale, no residual
+        name="quantized-fp8",
+        family="quantized",
+        implementation="quantized",
+        stored_bytes=fp8_bytes,
+        decode_step_bytes=fp8_step_bytes,
+        cache_class="QuantizedCache",
+        layer_class="Fp8QuantizedLayer",
+        backend="fp8",
+    ),
     *(_quantized("quanto", "optimum.quanto", "QuantoQuantizedLayer", nbits) for nbits in (2, 4)),
     *(_quantized("hqq", "hqq", "HQQQuantizedLayer", nbits) for nbits in (1, 2, 3, 4, 8)),
     CacheStrategy(name="no_cache", family="none", implementation=None, stored_bytes=no_bytes),
@@ -137,9 +149,25 @@ SETTINGS_SYNTAX = "@r<residual length>,g<group size>,ak<key axis>,av<value axis>
 def allowed_cache_names() -> str:
     reserved = ", ".join(f"{n}{RESERVE_SEPARATOR}N" for n in reservable_names())
     return (
-        ", ".join(cache_names())
+        ", ".join(_bits_grouped(cache_names()))
         + f" (and {reserved} to reserve N tokens; quantized-...{SETTINGS_SYNTAX}, e.g. quantized-hqq-int4@r256,g32)"
     )
+
+
+def _bits_grouped(names: tuple[str, ...]) -> list[str]:
+    """`quantized-hqq-int1`, `-int2` ... as `quantized-hqq-int{1,2,...}`: the list fits an error's one line."""
+    shown: list[str] = []
+    bits: dict[str, list[str]] = {}
+    for name in names:
+        prefix, sep, nbits = name.rpartition("-int")
+        if sep and nbits.isdigit():
+            if prefix not in bits:
+                bits[prefix] = []
+                shown.append(prefix)
+            bits[prefix].append(nbits)
+        else:
+            shown.append(name)
+    return [f"{n}-int{{{','.join(bits[n])}}}" if n in bits else n for n in shown]
 
 
 def parse_cache_name(name: str) -> tuple[str, str | None]:
@@ -169,8 +197,10 @@ def get_strategy(name: str) -> CacheStrategy:
                 "(r, g, ak and av settings are for quantized caches)"
             )
         return strategy.reserving(int(rest))
-    if strategy.backend is not None:
+    if strategy.group_wise:
         return replace(strategy, name=name, **_quantized_settings(name, strategy, rest))
+    if strategy.backend is not None:
+        raise KeyError(f"invalid cache {name!r}: {base} keeps one scale per tensor and takes no r, g, ak or av setting")
     allowed = allowed_cache_names()
     raise KeyError(f"unknown cache {name!r}: {base} takes no {RESERVE_SEPARATOR} part; allowed: {allowed}")
 

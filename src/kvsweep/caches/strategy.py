@@ -96,7 +96,7 @@ class CacheStrategy:
     layer_class: str | None = None
     requires: Requirements = Requirements()
     backend: str | None = None  # quantized backend name for `cache_config`
-    nbits: int | None = None
+    nbits: int | None = None  # a group-wise backend's integer bits (None for FP8: the layer class says it)
     # The quantized layer's settings (`cache_config`), named as Transformers names them; a name's
     # `@r256,g32,ak1,av1` sets them (registry.py). Ignored by strategies without a backend.
     residual_length: int = DEFAULT_RESIDUAL_LENGTH
@@ -119,6 +119,12 @@ class CacheStrategy:
         """Only fixed-shape caches compile to one graph; an offloaded static cache moves layers between
         streams and to the host inside the step, which no run has shown to compile (`fullgraph=True`)."""
         return self.preallocates and self.family != "offloaded"
+
+    @property
+    def group_wise(self) -> bool:
+        """A quantized backend that takes the group-wise settings (quanto, HQQ); FP8's one per-tensor scale
+        takes none of them, and Transformers refuses them if passed."""
+        return self.backend is not None and self.nbits is not None
 
     @property
     def base_name(self) -> str:
@@ -158,7 +164,9 @@ class CacheStrategy:
         if self.implementation is None:
             return {"use_cache": False}
         kwargs: dict[str, Any] = {"cache_implementation": self.implementation}
-        if self.backend is not None:
+        if self.backend is not None and not self.group_wise:
+            kwargs["cache_config"] = {"backend": self.backend}
+        elif self.backend is not None:
             kwargs["cache_config"] = {
                 "backend": self.backend,
                 "nbits": self.nbits,

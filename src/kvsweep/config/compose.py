@@ -182,7 +182,7 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
         if key.startswith("grid.") and "ListConfig" in message:
             return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
         return f"{key}: {message}" if key else message
-    return first_line(exc)
+    return first_line(exc, limit=600 if isinstance(exc, ConfigError) else 300)  # kvsweep's own lines are whole
 
 
 def allowed_keys(prefix: str) -> str:

@@ -103,7 +103,7 @@ def mismatch(strategy: CacheStrategy, got: CacheIdentity, cached_tokens: int) ->
             problems.append("offloading")
         if strategy.nbits is not None and got.nbits != strategy.nbits:
             problems.append("nbits")
-        if strategy.backend is not None:  # checked where the layers expose them (Transformers' do)
+        if strategy.group_wise:  # checked where the layers expose them (Transformers' do)
             problems += [
                 setting
                 for setting in QUANTIZED_SETTINGS
@@ -132,7 +132,7 @@ def expected_tag(strategy: CacheStrategy, cached_tokens: int) -> str:
         offloading=strategy.offloading,
         max_cache_len=expected_length(strategy, cached_tokens) if strategy.preallocates else None,
         nbits=strategy.nbits,
-        **{setting: getattr(strategy, setting) for setting in QUANTIZED_SETTINGS if strategy.backend is not None},
+        **{setting: getattr(strategy, setting) for setting in QUANTIZED_SETTINGS if strategy.group_wise},
     ).tag
 
 
@@ -184,7 +184,7 @@ def _collect_tensor(tensor: torch.Tensor, seen: dict[tuple[str, int, int], int],
         for name in names:
             _collect(getattr(tensor, name), seen, depth + 1)
         return
-    if tensor.device.type == "meta" or tensor.ndim == 0:
-        return  # 0-d tensors are bookkeeping (lengths, counters), not cached K/V
+    if tensor.device.type == "meta" or (tensor.ndim == 0 and not tensor.is_floating_point()):
+        return  # 0-d integer tensors are bookkeeping (lengths, counters); a 0-d float is a per-tensor scale (FP8)
     storage = tensor.untyped_storage()
     seen[(tensor.device.type, tensor.device.index or 0, storage.data_ptr())] = storage.nbytes()  # once each
