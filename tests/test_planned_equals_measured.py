@@ -45,6 +45,9 @@ NOT_ALL_FULL_ATTENTION = [
     "tiny-mistral-sliding",  # sliding layers only
 ]
 REFUSED = [(kind, cache) for kind in NOT_ALL_FULL_ATTENTION for cache in QUANTIZED]
+# kvsweep's own limit, not Transformers': continuous batching runs these kinds, but the pages of their sliding and
+# state allocators are not accounted yet, so a paged cell of them is planned skipped and skipped by the cell, saying so.
+UNACCOUNTED = [(kind, "paged") for kind in NOT_ALL_FULL_ATTENTION]
 
 FAST, SLOW = (), (pytest.mark.slow,)
 # (id, (context, new tokens, batch, dtype), marks). Full attention: contexts not multiples of 128 and a decode past
@@ -91,11 +94,12 @@ def _rows() -> list:
     for kind in KINDS:
         shapes = FULL_SHAPES if kind == FULL else WINDOWED_SHAPES
         caches = [*STRATEGIES, RESERVED.get(kind, "static@40")]
-        for cache in (c for c in caches if (kind, c) not in REFUSED):
+        for cache in (c for c in caches if (kind, c) not in REFUSED and (kind, c) not in UNACCOUNTED):
             for i, (shape_id, shape, marks) in enumerate(shapes):
                 # no_cache re-runs the prefill for every token: on full attention its first shape is enough
                 if not (kind == FULL and cache == "no_cache" and i > 0):
                     rows.append(_row(kind, cache, shape_id, shape, marks))
+    rows.append(_row(FULL, "paged@600", "ctx100-bf16-pool600", (100, 32, 1, "bfloat16"), FAST))  # 3 pages a row
     for cache, shape, marks in QUANTIZED_SETTINGS:
         context, new, batch, dtype = shape
         rows.append(_row(FULL, cache, f"ctx{context}-new{new}-b{batch}-{dtype}", shape, marks))
@@ -158,11 +162,21 @@ def test_what_transformers_refuses_is_refused_before_it_runs(kind, cache, model_
     assert result["status"] == "skipped" and "holds only full-attention layers" in result["error"]
 
 
+@pytest.mark.parametrize(("kind", "cache"), UNACCOUNTED, ids=[f"{kind}-{cache}" for kind, cache in UNACCOUNTED])
+def test_a_pool_kvsweep_cannot_account_is_skipped_saying_so(kind, cache, model_of, measured_cell):
+    cell = Cell(model_of(kind), "float32", 30, 1, 8, cache, False)
+    planned = plan_cell(cell, "cpu", _shape(cell.model))
+    assert not planned.runs and "page pool for full-attention layers only" in (planned.skip_reason or "")
+    result = measured_cell(cell)
+    assert result["status"] == "skipped" and "page pool for full-attention layers only" in result["error"]
+
+
 def test_the_table_holds_every_strategy_on_every_layer_kind():
     """Every registered strategy meets every layer kind: in a measured row, or refused as `REFUSED` lists."""
     measured = {(row.values[0], get_strategy(row.values[1]).base_name) for row in ROWS}
-    assert measured | set(REFUSED) == {(kind, cache) for kind in KINDS for cache in STRATEGIES}
-    assert not measured & set(REFUSED)
+    not_run = set(REFUSED) | set(UNACCOUNTED)
+    assert measured | not_run == {(kind, cache) for kind in KINDS for cache in STRATEGIES}
+    assert not measured & not_run
     fast = {
         (row.values[0], get_strategy(row.values[1]).base_name)
         for row in ROWS

@@ -39,6 +39,7 @@ class ResultTag:
     FRONTIER_LIMIT = "kvsweep.frontier_limit"  # what stopped that frontier: memory, slo_tpot, search.max_batch ...
     ENERGY = "kvsweep.energy"  # why joules_per_token is missing: "unknown: <reason>"
     MEMORY_LIMIT = "kvsweep.memory_limit"  # how measure.device_memory_limit_gb was applied in the cell
+    PAGED_POOL = "kvsweep.paged_pool"  # a paged cell's pool and attention: "page_size=256 blocks=4 ... attention=sdpa"
 
 
 class RunTag:
@@ -96,6 +97,8 @@ class Metric:
     KV_CACHE_DEVICE_BYTES = "kv_cache_device_bytes"
     KV_CACHE_HOST_BYTES = "kv_cache_host_bytes"  # offloaded layers in host memory
     KV_CACHE_BYTES_DENSE = "kv_cache_bytes_dense"
+    KV_PAGES_PEAK = "kv_pages_peak"  # a paged cell: pages of its pool in use at the fullest moment of a call
+    KV_CACHE_IN_USE_BYTES = "kv_cache_in_use_bytes"  # those pages' bytes (kv_cache_bytes is the whole pool)
     PEAK_DEVICE_MEM_BYTES = "peak_device_mem_bytes"
     PEAK_HOST_RSS_BYTES = "peak_host_rss_bytes"
     PREDICTED_PEAK_DEVICE_MEM_BYTES = "predicted_peak_device_mem_bytes"

@@ -23,6 +23,7 @@ from kvsweep.caches.accounting import (
     quanto_problem,
 )
 from kvsweep.caches.native_build import QUANTO_CPP, QUANTO_CUDA
+from kvsweep.caches.paged_pool import paged_bytes, paged_problem, paged_step_bytes
 from kvsweep.caches.strategy import RESERVE_SEPARATOR, CacheStrategy, Requirements
 
 BASELINE = "dynamic"  # the strategy every other one is compared with (speed, memory, output agreement)
@@ -86,6 +87,17 @@ BUILT_IN: tuple[CacheStrategy, ...] = (
         requires=_CUDA,
         preallocates=True,
         device_layers=OFFLOADED_DEVICE_LAYERS,
+    ),
+    CacheStrategy(  # Transformers' continuous batching over a page pool reserved whole (caches/paged_pool.py)
+        name="paged",
+        family="paged",
+        implementation="paged",
+        stored_bytes=paged_bytes,
+        decode_step_bytes=paged_step_bytes,
+        shape_problem=paged_problem,
+        cache_class="PagedAttentionCache",
+        layer_class="FullAttentionCacheAllocator",
+        preallocates=True,
     ),
     CacheStrategy(  # Transformers' own FP8 layer: no extra package, one per-tensor scale, no residual
         name="quantized-fp8",

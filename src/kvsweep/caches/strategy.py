@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from kvsweep.caches.native_build import NativeBuild
 
-Family = Literal["dense", "static", "offloaded", "quantized", "none"]
+Family = Literal["dense", "static", "offloaded", "quantized", "paged", "none"]
 RESERVE_SEPARATOR = "@"
 
 # Transformers' `QuantizedLayer` defaults: a name without `@` settings asks for exactly these.
@@ -77,6 +77,11 @@ ROLLBACK: dict[Family, Rollback] = {
         "OOM even quantized: reduce max_new_tokens, context or batch, or use a larger GPU",
         when_slower_than_dynamic="slower than dynamic and dynamic fits: do not make a quantized cache the default here",
     ),
+    "paged": Rollback(
+        "OOM: a smaller pool (paged@N), context or batch; the pool is reserved whole before the first request",
+        on_error="failed: return to dynamic, then check the model's attention runs under continuous batching "
+        "(sdpa, eager or flash)",
+    ),
     "none": Rollback(_OOM_SHRINK),
 }
 
@@ -117,8 +122,15 @@ class CacheStrategy:
     @property
     def compilable(self) -> bool:
         """Only fixed-shape caches compile to one graph; an offloaded static cache moves layers between
-        streams and to the host inside the step, which no run has shown to compile (`fullgraph=True`)."""
-        return self.preallocates and self.family != "offloaded"
+        streams and to the host inside the step, which no run has shown to compile (`fullgraph=True`); a paged
+        pool is served by continuous batching, which compiles (or not) by its own config."""
+        return self.preallocates and self.family not in ("offloaded", "paged")
+
+    @property
+    def takes_logits_processors(self) -> bool:
+        """Continuous batching samples inside its own loop: no logits processor of the caller's sees its steps,
+        so a paged cell's teacher-forced KL cannot be measured (its tokens and task answers can)."""
+        return self.family != "paged"
 
     @property
     def group_wise(self) -> bool:
@@ -134,7 +146,7 @@ class CacheStrategy:
     def rollback(self) -> Rollback:
         """The family's advice; any preallocating layout fails like a static one (fixed length, compile)."""
         own = ROLLBACK[self.family]
-        return replace(own, on_error=STATIC_ERROR) if self.preallocates else own
+        return replace(own, on_error=STATIC_ERROR) if self.compilable or self.family == "offloaded" else own
 
     def reserving(self, tokens: int) -> "CacheStrategy":
         """This strategy as `name@tokens`: a static layout reserving `tokens` whatever the request needs."""

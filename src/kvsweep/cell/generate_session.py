@@ -10,7 +10,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -23,6 +23,9 @@ from kvsweep.measure.sampling import TokenClock, TokenTimes
 from kvsweep.testing.faults import InjectFault
 from kvsweep.testing.testing_config import Fault
 
+if TYPE_CHECKING:
+    from kvsweep.cell.paged_session import PagedReading
+
 
 @dataclass
 class MeasuredCall:
@@ -31,6 +34,7 @@ class MeasuredCall:
     new_tokens: torch.Tensor  # on the host
     kv_bytes: KvBytes  # what the returned cache held, on the device and in host memory (the cache is gone)
     identity: CacheIdentity
+    paged: "PagedReading | None" = None  # a `paged` call: its pool and the pages in use at the peak
 
 
 class GenerateSession:
@@ -66,6 +70,9 @@ class GenerateSession:
         self.eager_forward = getattr(model, "forward", None)
         self.compiled_calls = 0  # forward passes through the explicitly compiled forward (CPU)
         self.kept_cache: Any = None  # a compiled static cell's one cache (see `cache_for`)
+
+    def close(self) -> None:
+        """Ends what the session keeps running between calls (nothing here; a paged session's manager)."""
 
     def compile_forward(self) -> None:
         """CPU: compile the forward explicitly (generation's own compile only runs on CUDA)."""

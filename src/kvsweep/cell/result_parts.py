@@ -71,12 +71,19 @@ def numbers_found(
     )
     device_per_token = decode_weight_bytes(model) + kv_traffic.device_bytes
     metrics.update(bandwidth_metrics(device_per_token, metrics[Metric.TPOT_MS], bandwidth, kv_traffic.host_link_bytes))
+    tags = cell_tags(runs, metrics, bandwidth)
+    if (paged := runs[-1].paged) is not None:
+        metrics[Metric.KV_PAGES_PEAK] = float(max(r.paged.peak_blocks for r in runs if r.paged is not None))
+        metrics[Metric.KV_CACHE_IN_USE_BYTES] = metrics[Metric.KV_PAGES_PEAK] * paged.block_bytes
+        tags[ResultTag.PAGED_POOL] = f"{paged.pool.describe()} usable_blocks={paged.usable_blocks} " + (
+            f"attention={paged.attention}"
+        )
     samples = {
         "first_call": call_samples(first),
         "repeats": [call_samples(s.call, s.contention) for s in phase.kept],
         "discarded": [call_samples(s.call, s.contention) for s in phase.discarded],
     }
-    return ResultPart(metrics, cell_tags(runs, metrics, bandwidth), samples=samples)
+    return ResultPart(metrics, tags, samples=samples)
 
 
 def noise_found(phase: MeasuredPhase[MeasuredCall], host: HostEvidence, gpu: GpuSharing | None) -> ResultPart:

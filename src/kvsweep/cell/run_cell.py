@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from kvsweep.caches import get_strategy, register
-from kvsweep.cell.call_inputs import feed_for
+from kvsweep.cell.call_inputs import Feed, feed_for
 from kvsweep.cell.checks import (
     check_cache,
     check_compiled,
@@ -27,12 +27,13 @@ from kvsweep.cell.checks import (
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.memory_limit import memory_limit
-from kvsweep.cell.model_load import fetched_source, load_cell_model, placement_record
+from kvsweep.cell.model_load import Loaded, fetched_source, load_cell_model, placement_record
+from kvsweep.cell.paged_session import PagedSession
 from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
-from kvsweep.measure.bandwidth import device_bandwidth
+from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.contention import HostEvidence, HostMeter
 from kvsweep.measure.energy import nvml_energy_counter
 from kvsweep.measure.gpu_sharing import SharingProbe
@@ -138,7 +139,7 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
     if loaded.split is not None:
         result.tags[ResultTag.PLACEMENT] = layers_text(loaded.split.loads)
         result.samples["placement"] = placement_record(loaded.split)
-    model, shape = loaded.model, loaded.shape
+    model = loaded.model
     feed = feed_for(source, protocol, model.config.vocab_size, trust_remote_code)
     if isinstance(feed, str):
         result.status, result.error = SKIPPED, feed
@@ -147,9 +148,28 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
     gpus = len(loaded.split.devices) if loaded.split is not None and session_on_cuda(device) else 1
-    session = GenerateSession(
+    session_kind = PagedSession if strategy.family == "paged" else GenerateSession
+    session = session_kind(
         model, feed.ids, cell, device, *injected, device_memory=CudaMemory(gpus) if gpus > 1 else None
     )
+    try:
+        _measure_calls(request, result, on_phase, session, feed, bandwidth, loaded)
+    finally:
+        session.close()
+
+
+def _measure_calls(
+    request: CellRequest,
+    result: CellResult,
+    on_phase: Callable[[str], None],
+    session: GenerateSession,
+    feed: Feed,
+    bandwidth: Bandwidth,
+    loaded: Loaded,
+) -> None:
+    """The calls, timed and checked, then quality: what `_measure` runs once the model and inputs are ready."""
+    cell, protocol = request.cell, request.protocol
+    strategy, device, model, shape = get_strategy(cell.cache), protocol.device, loaded.model, loaded.shape
     if cell.compile and not session_on_cuda(device):
         session.compile_forward()
     skips_before = cudagraph_skips() if cell.compile else 0  # a graph skipped when compiled stays skipped

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.layer_tokens import layer_state_bytes, layer_states, offloads, windowed_kv_bytes, windows
+from kvsweep.caches.paged_pool import pool_for
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
 from kvsweep.models.weight_layout import Block, WeightLayout
@@ -80,6 +81,9 @@ def working_set(cell: Cell, strategy: CacheStrategy, shape: KvShape) -> tuple[in
     if strategy.implementation is None:  # no cache: every step re-runs a prefill of the whole sequence
         rows = cell.batch_size * (cell.context_length + cell.max_new_tokens)
     activations = rows * (4 * shape.hidden_size + 3 * shape.intermediate_size) * DTYPE_BYTES[cell.dtype]
+    if strategy.family == "paged":  # continuous batching preallocates its attention mask beside the pool
+        pool = pool_for(strategy, cell.batch_size, cell.context_length, cell.cached_tokens)
+        activations += pool.mask_bytes(shape, cell.dtype)
     logits = cell.batch_size * shape.vocab_size * 4 * 2  # last position, upcast to fp32, plus softmax
     return activations, logits
 

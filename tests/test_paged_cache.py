@@ -1,0 +1,132 @@
+"""`paged`: a batch through Transformers' continuous batching, its pool sized by kvsweep and read back.
+
+Expectations are worked out here: the pool's bytes from Transformers' sector layout, pages from the tokens a row
+caches, and the timing from a loop that drives a second manager step by step under this test's own clock.
+"""
+
+import itertools
+import time
+
+import pytest
+import torch
+
+from kvsweep.caches import get_strategy
+from kvsweep.grid import Cell
+from kvsweep.models.build import build_model
+from kvsweep.models.facts import read_facts
+from kvsweep.models.resolve import classify
+from kvsweep.names import Metric, ResultTag
+from kvsweep.plan.cell_plan import plan_cell
+from kvsweep.plan.memory_fit import estimate_peak
+
+# tiny-llama: 4 layers, 2 KV heads of 32; one float32 token of every layer's K and V = 2 x 4 x 2 x 32 x 4 bytes
+TOKEN_BYTES = 2048
+PAGE = 256  # Transformers' default page size, which `paged` keeps
+PAGE_BYTES = PAGE * TOKEN_BYTES  # 524,288: a multiple of 128, so a sector is one page
+
+
+@pytest.mark.parametrize(
+    ("cache", "context", "new", "batch", "pages_per_row"),
+    [
+        ("paged", 100, 8, 2, 1),  # 107 cached tokens a row: one page each
+        ("paged", 300, 16, 2, 2),  # 315: two pages each
+        ("paged@1000", 100, 8, 1, 4),  # a pool of 1,000 tokens a row, whatever the request: four pages
+    ],
+)
+def test_the_pool_and_the_pages_in_use_are_counted_by_hand(cache, context, new, batch, pages_per_row, measured_cell):
+    result = measured_cell(Cell("tiny-llama", "float32", context, batch, new, cache, False))
+    assert result["status"] == "ok", result["error"]
+    metrics, tags = result["metrics"], result["tags"]
+    blocks = batch * pages_per_row
+    # the pool as configured, and two trash sectors: never sized from the machine's free memory
+    assert metrics[Metric.KV_CACHE_BYTES] == (blocks + 2) * PAGE_BYTES
+    assert (
+        f"blocks={blocks} " in tags[ResultTag.PAGED_POOL] and f"usable_blocks={blocks} " in tags[ResultTag.PAGED_POOL]
+    )
+    # pages in use at the fullest moment: each row's cached tokens (context + new - 1) in whole pages
+    used_pages = batch * -(-(context + new - 1) // PAGE)
+    assert metrics[Metric.KV_PAGES_PEAK] == used_pages
+    assert metrics[Metric.KV_CACHE_IN_USE_BYTES] == used_pages * PAGE * TOKEN_BYTES
+    assert metrics[Metric.KV_CACHE_BYTES_DENSE] == batch * (context + new - 1) * TOKEN_BYTES
+    assert tags[ResultTag.CACHE_CLASS] == "PagedAttentionCache/FullAttentionCacheAllocator"
+    assert "attention=sdpa" in tags[ResultTag.PAGED_POOL]
+
+
+def test_paged_tokens_are_the_dynamic_caches(measured_cell):
+    """Greedy tokens agree with dynamic's on the same inputs: the cell's own quality check, and the KL is said to
+    be unmeasurable (continuous batching takes no logits processor), not left silently empty."""
+    result = measured_cell(Cell("tiny-llama", "float32", 100, 2, 8, "paged", False))
+    assert result["metrics"][Metric.TOKEN_AGREEMENT] == 1.0
+    assert Metric.KL_DIVERGENCE not in result["metrics"]
+
+
+def test_the_planner_fits_the_pool_and_its_mask():
+    """The memory estimate holds the whole pool and the attention mask sdpa preallocates, [M, N + M] floats:
+    M = 2 x 300 batch tokens, N = 4 pages x 256 readable tokens."""
+    cell = Cell("tiny-llama", "float32", 300, 2, 16, "paged", False)
+    shape = read_facts(classify("tiny-llama")).shape
+    plan = plan_cell(cell, "cpu", shape)
+    assert plan.kv_stored_bytes == (4 + 2) * PAGE_BYTES
+    with_mask = estimate_peak(cell, get_strategy("paged"), shape, parameters=0)
+    dynamic = estimate_peak(
+        Cell("tiny-llama", "float32", 300, 2, 16, "dynamic", False), get_strategy("dynamic"), shape, parameters=0
+    )
+    mask = 600 * (4 * 256 + 600) * 4
+    assert with_mask.peak_bytes - with_mask.kv_device_bytes - (dynamic.peak_bytes - dynamic.kv_device_bytes) == mask
+
+
+def _stepped_batch(model, rows: list[list[int]], new: int) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) of one batch, driving a manager step by step (no thread) and timing each step here."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    pages = len(rows) * -(-(len(rows[0]) + new - 1) // PAGE)  # each row's cached tokens in whole pages
+    config = ContinuousBatchingConfig(
+        page_size=PAGE, num_blocks=pages, max_batch_tokens=sum(map(len, rows)), allow_block_sharing=False
+    )
+    manager = model.init_continuous_batching(
+        generation_config=GenerationConfig(do_sample=False, max_new_tokens=new, eos_token_id=-1),
+        continuous_batching_config=config,
+    )
+    processor = manager.batch_processor = manager._create_batch_processor()
+    stamps = []
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for i, row in enumerate(rows):
+            manager.add_request(row, request_id=f"r{i}", max_new_tokens=new)
+        while processor.prepare_next_batch():
+            manager._generation_step()
+            processor.update_batch()
+            stamps.append(time.perf_counter())
+    manager.stop()
+    assert len(stamps) == new  # one prefill step, then one decode step a token: every row in each
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return (stamps[0] - started) * 1e3, sum(gaps) / len(gaps) * 1e3
+
+
+@pytest.mark.slow
+def test_the_cells_clock_agrees_with_a_hand_timed_loop():
+    """The session's TTFT and TPOT (from the manager's own stamps, its thread serving) against a loop this test
+    times itself, interleaved call for call on the same prompts. The bound catches what a wrong clock would add
+    (the manager's 0.55 s teardown, its 0.1 s idle wait, a per-call warmup), not this host's noise."""
+    from kvsweep.cell.paged_session import PagedSession
+
+    cell = Cell("tiny-llama", "float32", 256, 2, 16, "paged", False)
+    model = build_model(classify("tiny-llama"), "float32", "cpu", seed=0)
+    inputs = torch.randint(0, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0))
+    session = PagedSession(model, inputs, cell, "cpu", None)
+    strategy = get_strategy("paged")
+    session.call(strategy)  # the manager starts, as a cell's cold call does
+    cell_ttft, cell_tpot, hand_ttft, hand_tpot = [], [], [], []
+    try:
+        for _ in range(7):
+            call = session.call(strategy)
+            cell_ttft.append(call.times.ttft_ms)
+            cell_tpot.append(call.times.tpot_ms)
+            ttft, tpot = _stepped_batch(model, inputs.tolist(), 16)
+            hand_ttft.append(ttft)
+            hand_tpot.append(tpot)
+    finally:
+        session.close()
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    assert 0.5 < median(cell_ttft) / median(hand_ttft) < 2.0, (cell_ttft, hand_ttft)
+    assert 0.5 < median(cell_tpot) / median(hand_tpot) < 2.0, (cell_tpot, hand_tpot)
