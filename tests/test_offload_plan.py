@@ -47,6 +47,7 @@ LONG_CONTEXT = MeasureProtocol(
     device="cuda",
     inputs=InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=0),
     gpus=1,
+    workload=None,
 )
 
 

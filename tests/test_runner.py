@@ -207,6 +207,8 @@ def test_every_cell_names_the_cache_generate_really_used(results):
         "quantized-hqq-int3": "QuantizedCache/HQQQuantizedLayer nbits=3",
         "quantized-hqq-int4": "QuantizedCache/HQQQuantizedLayer nbits=4",
         "quantized-hqq-int8": "QuantizedCache/HQQQuantizedLayer nbits=8",
+        "quantized-fp8": "QuantizedCache/Fp8QuantizedLayer",  # its layer class is its format: no nbits
+        "paged": "PagedAttentionCache/FullAttentionCacheAllocator",
         "no_cache": "none",
     }
     assert {name: r["tags"]["kvsweep.cache_class"] for name, r in results.items()} == expected

@@ -11,8 +11,10 @@ from kvsweep.config.measure_config import MeasureConfig
 from kvsweep.inputs.spec import RANDOM, InputSpec
 from kvsweep.model_names import short_name
 from kvsweep.names import PARAM_KEYS
+from kvsweep.workload.workload_spec import WorkloadSpec
 
 CELL_FIELDS = PARAM_KEYS  # a cell's fields, in order: each is logged as an MLflow param of that name
+WORKLOAD_FIELDS = ("workload", "serving")  # logged only on a workload cell; a fixed-shape cell's id leaves them out
 NO_WEIGHT_QUANTIZATION = "none"  # the model's weights as its checkpoint (or preset) has them
 
 
@@ -29,9 +31,17 @@ class Cell:
     compile: bool
     inputs: str = RANDOM  # random | passkey | file:<name>: what the cell is fed (chosen per model)
     weights: str = NO_WEIGHT_QUANTIZATION  # how its weights are quantized when loaded (`grid.weights`)
+    # A workload cell (`workload.*`): the request mix's name and how it is served; context_length and max_new_tokens
+    # are then the mix's longest prompt and output (what the planner fits). "" for a cell of one fixed shape.
+    workload: str = ""
+    serving: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def is_workload(self) -> bool:
+        return bool(self.workload)
 
     @property
     def label(self) -> str:
@@ -74,6 +84,7 @@ class MeasureProtocol:
     device: str
     inputs: InputSpec  # what text-fed cells are given (depths, template, trials, the prompts file)
     gpus: int  # GPUs each cell's model is placed over (`ray.gpus_per_cell` on CUDA; 1 elsewhere)
+    workload: WorkloadSpec | None  # the request mix workload cells replay (`workload.*`); None: none
 
     @classmethod
     def exact(
@@ -90,7 +101,7 @@ class MeasureProtocol:
             quality_trials=inputs.quality_trials,
             **RULES_OFF,
         )
-        return cls(measure, device, inputs, gpus=1)
+        return cls(measure, device, inputs, gpus=1, workload=None)
 
     def with_measure(self, **changes: Any) -> "MeasureProtocol":
         """This protocol with some `measure` keys changed."""
@@ -98,16 +109,25 @@ class MeasureProtocol:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MeasureProtocol":
+        workload = data.get("workload")
         return cls(
-            **{**data, "measure": MeasureConfig(**data["measure"]), "inputs": InputSpec.from_dict(data["inputs"])}
+            **{
+                **data,
+                "measure": MeasureConfig(**data["measure"]),
+                "inputs": InputSpec.from_dict(data["inputs"]),
+                "workload": WorkloadSpec.from_dict(workload) if workload else None,
+            }
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "workload": self.workload.to_dict() if self.workload else None}
 
     def identity(self) -> dict[str, Any]:
-        """What a cell id hashes of the protocol: all of it (the prompts file by its hash)."""
-        return {**asdict(self), "inputs": self.inputs.identity()}
+        """What a cell id hashes of the protocol: all of it (the prompts file by its hash, the mix by its own;
+        no workload adds nothing, so a fixed-shape sweep keeps its ids)."""
+        identity = {**asdict(self), "inputs": self.inputs.identity()}
+        identity.pop("workload")
+        return identity | ({"workload": self.workload.identity()} if self.workload else {})
 
 
 def strategy_label(cell: Cell) -> str:
@@ -123,13 +143,15 @@ def cell_label(cell: Cell, model_name: str = "") -> str:
     """
     model = model_name or short_name(cell.model)
     weights = "" if cell.weights == NO_WEIGHT_QUANTIZATION else f" {cell.weights}"
-    return f"{strategy_label(cell)} ctx{cell.context_length} bs{cell.batch_size} {cell.dtype} {model}{weights}"
+    shape = f"{cell.workload} {cell.serving}" if cell.is_workload else f"ctx{cell.context_length}"
+    return f"{strategy_label(cell)} {shape} bs{cell.batch_size} {cell.dtype} {model}{weights}"
 
 
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     """Stable hash of the protocol's version, the cell and its whole measurement protocol (the resume key and
     the `kvsweep.cell_id` tag): any change to any of them is another cell."""
-    payload = {"version": PROTOCOL_VERSION, "cell": cell.to_dict(), "protocol": protocol.identity()}
+    fields = {k: v for k, v in cell.to_dict().items() if v != "" or k not in WORKLOAD_FIELDS}  # older ids stay
+    payload = {"version": PROTOCOL_VERSION, "cell": fields, "protocol": protocol.identity()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

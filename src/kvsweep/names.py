@@ -123,6 +123,30 @@ class Metric:
     PREDICTED_MAX_CONTEXT = "predicted_max_context"  # a context search's probe: the planner's longest context
     SEARCH_MAX_CONTEXT = "search_max_context"  # a context search's probe: the longest context it may probe
     JOULES_PER_TOKEN = "joules_per_token"  # device energy (NVML) over the measured calls / tokens they generated
+    # A workload cell's per-request percentiles (over its requests; TTFT_MS_P90 and TPOT_MS_P90 above are the same
+    # names: over requests in a workload cell, over repeats or decode gaps in a fixed-shape one)
+    TTFT_MS_P50 = "ttft_ms_p50"
+    TTFT_MS_P99 = "ttft_ms_p99"
+    TPOT_MS_P50 = "tpot_ms_p50"
+    TPOT_MS_P99 = "tpot_ms_p99"
+    E2E_MS_P50 = "e2e_ms_p50"
+    E2E_MS_P90 = "e2e_ms_p90"
+    E2E_MS_P99 = "e2e_ms_p99"
+    REQUESTS_PER_S = "requests_per_s"  # measured requests / the replay's span
+    GOODPUT_REQUESTS_PER_S = "goodput_requests_per_s"  # those meeting every `slo.*` set, per second of the span
+    OUTPUT_TOKENS_PER_S = "output_tokens_per_s"  # generated tokens / the replay's span
+    STATIC_UNUSED_SHARE = "static_unused_share"  # a static cache over a mix: reserved token slots never filled
+    PADDING_SHARE = "padding_share"  # batched serving: prompt positions that are padding
+    RECOMPILES = "recompiles"  # a compiled cell over a mix: graphs compiled after the first request's
+    COMPILE_S = "compile_s"  # a compiled cell over a mix: the cold replay's seconds beyond the measured one's
+    COMPILE_PAYBACK_REQUESTS = "compile_payback_requests"  # requests of the mix until compiling has paid back
+
+
+WORKLOAD_PERCENTILES = (
+    (Metric.TTFT_MS_P50, Metric.TTFT_MS_P90, Metric.TTFT_MS_P99),
+    (Metric.TPOT_MS_P50, Metric.TPOT_MS_P90, Metric.TPOT_MS_P99),
+    (Metric.E2E_MS_P50, Metric.E2E_MS_P90, Metric.E2E_MS_P99),
+)
 
 
 TIMED = (Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS)  # medians that carry a 95% interval
@@ -158,6 +182,8 @@ PARAM_KEYS = (
     "compile",
     "inputs",
     "weights",
+    "workload",  # a workload cell's request mix (`workload.*`), with `serving`: "" on a fixed-shape cell
+    "serving",
 )
 INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the cell hashes what it was fed)
 # The cell's node as the driver surveyed it at connect (`driver/software_survey.py`): the hash of its software and
@@ -165,7 +191,7 @@ INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the 
 NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM = "node_software", "gpu_model"
 NODE_PARAMS = (NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM)
 CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM, *NODE_PARAMS)
-INTERVALS = (*TIMED, *ACCURACIES)
+INTERVALS = (*TIMED, *ACCURACIES, *(name for row in WORKLOAD_PERCENTILES for name in row))
 CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci_high)), *INT_PARAMS)
 CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100
 

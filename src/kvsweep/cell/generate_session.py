@@ -140,35 +140,49 @@ class GenerateSession:
             **({} if own_cache else strategy.generation_options()),
         )
 
-    def _generate(self, strategy: CacheStrategy, config: GenerationConfig, processors: LogitsProcessorList) -> Any:
-        """One `generate` call; the kept cache is emptied here, inside whatever the caller times."""
+    def _generate(
+        self,
+        strategy: CacheStrategy,
+        config: GenerationConfig,
+        processors: LogitsProcessorList,
+        inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Any:
+        """One `generate` call (of the cell's inputs, or `inputs`: ids and mask); the kept cache is emptied here,
+        inside whatever the caller times, when the call has the cell's shape."""
+        ids, mask = inputs or (self.inputs, self.mask)
+        kept = self.cache_for(strategy) if ids.shape == self.inputs.shape else {}
         return self.model.generate(
-            self.inputs,
-            attention_mask=self.mask,
-            logits_processor=processors,
-            generation_config=config,
-            **self.cache_for(strategy),
+            ids, attention_mask=mask, logits_processor=processors, generation_config=config, **kept
         )
 
     @torch.inference_mode()
     def call(self, strategy: CacheStrategy) -> MeasuredCall:
-        config = self.generation_config(strategy, own_cache=self.keeps_cache(strategy))  # host work, untimed
+        return self.call_request(strategy, self.inputs, self.mask, self.cell.max_new_tokens)
+
+    @torch.inference_mode()
+    def call_request(
+        self, strategy: CacheStrategy, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
+    ) -> MeasuredCall:
+        """One measured call of any shape (a workload's request, or a padded batch of them)."""
+        own_cache = self.keeps_cache(strategy) and ids.shape == self.inputs.shape
+        config = self.generation_config(strategy, own_cache=own_cache)  # host work, untimed
+        config.max_new_tokens = new_tokens
         self.peak_memory.start()
         try:
             self.clock.start()
-            out = self._generate(strategy, config, self.processors)
+            out = self._generate(strategy, config, self.processors, (ids, mask))
             end_ns = self.clock.stop()
         except BaseException:
             self.peak_memory.abandon()
             raise
         peak = self.peak_memory.stop()
         times = TokenTimes.from_clock(self.clock.start_ns, self.clock.stamps_ns, end_ns)
-        new_tokens = out.sequences[:, self.inputs.shape[1] :]
-        if new_tokens.shape[1] != self.cell.max_new_tokens:
-            raise RuntimeError(f"generated {new_tokens.shape[1]} tokens, asked for {self.cell.max_new_tokens}")
+        generated = out.sequences[:, ids.shape[1] :]
+        if generated.shape[1] != new_tokens:
+            raise RuntimeError(f"generated {generated.shape[1]} tokens, asked for {new_tokens}")
         cache = getattr(out, "cache", None)
         place = "cuda" if self.cuda else "cpu"
-        return MeasuredCall(times, peak, new_tokens.cpu(), cache_bytes(cache, place), describe_cache(cache))
+        return MeasuredCall(times, peak, generated.cpu(), cache_bytes(cache, place), describe_cache(cache))
 
     @torch.inference_mode()
     def generate_with(self, strategy: CacheStrategy, processors: LogitsProcessorList) -> torch.Tensor:

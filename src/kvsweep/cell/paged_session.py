@@ -21,6 +21,7 @@ from kvsweep.caches.paged_pool import PagedPool, pool_for
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.measure.cache_identity import CacheIdentity, KvBytes
 from kvsweep.measure.sampling import TokenTimes
+from kvsweep.testing.faults import InjectFault
 
 RESULT_TIMEOUT_S = 600.0  # one call's requests; a hung generation thread fails the call instead of the cell's actor
 
@@ -90,9 +91,39 @@ class PagedSession(GenerateSession):
             self.manager.stop(block=True, timeout=60)
             self.manager = None
 
+    def _inject_fault(self) -> None:
+        """A test's fault (oom, error, hang, exit) fires as it would at a `generate` call's first token:
+        continuous batching runs none of our logits processors, so the seam is called here, once a call."""
+        for processor in self.processors:
+            if isinstance(processor, InjectFault) and processor.fault != "slow":
+                processor(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1))
+
+    def add_requests(self, strategy: CacheStrategy, items: list[tuple[str, list[int], int]]) -> None:
+        """Requests of a workload replay: (id, prompt ids, tokens to generate), each timestamped by the manager."""
+        manager = self._start(strategy)
+        self._inject_fault()
+        for request_id, prompt, new_tokens in items:
+            manager.add_request(prompt, request_id=request_id, max_new_tokens=new_tokens, record_timestamps=True)
+
+    def next_result(self) -> Any:
+        """The next finished request; a failed one or none in time is an error, never a missing sample."""
+        out = self.manager.get_result(timeout=RESULT_TIMEOUT_S)
+        if out is None:
+            raise TimeoutError(f"continuous batching returned no request within {RESULT_TIMEOUT_S:g} s")
+        if out.error:
+            raise RuntimeError(f"continuous batching failed request {out.request_id}: {out.error}")
+        return out
+
+    def pool_reading(self, strategy: CacheStrategy) -> tuple[KvBytes, "PagedReading", CacheIdentity]:
+        """The pool's bytes, the pages in use at the fullest moment since `peak_blocks` was zeroed, its identity."""
+        cache = self.manager.batch_processor.cache
+        kv = KvBytes(cache.cache_tensor.untyped_storage().nbytes(), 0)
+        return kv, self._reading(strategy, cache), _identity(cache)
+
     def _requests(self, strategy: CacheStrategy, rows: torch.Tensor, new_tokens: int) -> tuple[float, list[Any]]:
         """Adds each row as a request and waits for all; (when the first was added, the finished outputs)."""
         manager = self._start(strategy)
+        self._inject_fault()
         self.calls += 1
         ids = [f"call{self.calls}-row{i}" for i in range(rows.shape[0])]
         started = time.perf_counter()
@@ -131,10 +162,8 @@ class PagedSession(GenerateSession):
         ns = 1e9
         times = TokenTimes.from_clock(int(started * ns), [int(s * ns) for s in stamps], int(ended * ns))
         new_tokens = torch.tensor([out.generated_tokens for out in outs])
-        cache = self.manager.batch_processor.cache
-        reading = self._reading(strategy, cache)
-        kv = KvBytes(cache.cache_tensor.untyped_storage().nbytes(), 0)  # the pool lives on the device, whole
-        return MeasuredCall(times, peak, new_tokens, kv, _identity(cache), paged=reading)
+        kv, reading, identity = self.pool_reading(strategy)  # the pool lives on the device, whole
+        return MeasuredCall(times, peak, new_tokens, kv, identity, paged=reading)
 
     def _reading(self, strategy: CacheStrategy, cache: Any) -> PagedReading:
         allocator = next(iter(cache.cache_allocators.values()))

@@ -32,6 +32,7 @@ from kvsweep.cell.paged_session import PagedSession
 from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
+from kvsweep.cell.workload_cell import measure_workload
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.contention import HostEvidence, HostMeter
@@ -153,9 +154,38 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
         model, feed.ids, cell, device, *injected, device_memory=CudaMemory(gpus) if gpus > 1 else None
     )
     try:
-        _measure_calls(request, result, on_phase, session, feed, bandwidth, loaded)
+        if cell.is_workload:
+            _measure_workload_cell(request, result, on_phase, session, loaded)
+        else:
+            _measure_calls(request, result, on_phase, session, feed, bandwidth, loaded)
     finally:
         session.close()
+
+
+def _measure_workload_cell(
+    request: CellRequest,
+    result: CellResult,
+    on_phase: Callable[[str], None],
+    session: GenerateSession,
+    loaded: Loaded,
+) -> None:
+    """The sweep's request mix replayed through the cell's cache and serving mode (`workload_cell.py`)."""
+    protocol = request.protocol
+    if protocol.workload is None:
+        raise ValueError(f"workload cell {request.cell.label} but the sweep's protocol carries no workload")
+    if request.cell.compile and not session_on_cuda(protocol.device):
+        session.compile_forward()
+    on_phase("measuring")
+    vocab = loaded.model.config.vocab_size
+    positions = loaded.shape.max_positions
+    strategy = get_strategy(request.cell.cache)
+    metrics, samples, _ = measure_workload(
+        session, strategy, protocol.workload, positions, vocab, protocol.measure.seed
+    )
+    on_phase("measured")
+    result.metrics.update(metrics)
+    result.samples.update(samples)
+    result.tags[ResultTag.QUALITY] = "not measured: a workload cell times its requests (quality: fixed-shape cells)"
 
 
 def _measure_calls(

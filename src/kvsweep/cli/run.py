@@ -144,13 +144,14 @@ def run_command_line(line: CommandLine) -> int:
 
 def run(overrides: list[str]) -> int:
     from kvsweep.config.compose import compose_config, save_run_config
-    from kvsweep.config.validate import check_gguf_models
+    from kvsweep.config.validate import check_gguf_models, check_workload
     from kvsweep.driver.dry_run import dry_run
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.sweep import run_sweep
 
     composed = compose_config(overrides)
     check_gguf_models(composed.config.grid.models, composed.config.grid.weights)  # exit 2, before Ray
+    check_workload(composed.config.workload, composed.config.measure.seed)  # a trace's every line: exit 2
     inputs = choose_inputs(composed.config)  # a bad prompts file or a missing tokenizer: exit 2, nothing started
     if composed.config.dry_run:
         return dry_run(composed.config, inputs=inputs)

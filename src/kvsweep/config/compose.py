@@ -137,7 +137,7 @@ def compose_config(overrides: list[str]) -> Composed:
             cfg.pop("hydra")
             testing = OmegaConf.to_container(cfg.pop("testing"), resolve=True) if "testing" in cfg else None
             plain = OmegaConf.to_container(cfg, resolve=True)
-            validate(plain)
+            validate(plain, given=[o.split("=", 1)[0].lstrip("+~") for o in overrides])
             typed = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(describe_error(exc, sweeps)) from None

@@ -162,6 +162,33 @@ class SloConfig:
 
 
 @dataclass
+class WorkloadConfig:
+    source: str = setting(
+        "",
+        "empty: the grid's fixed shapes; lengths (input_lengths/output_lengths drawn with measure.seed) or trace "
+        "(path): a mix of requests replayed through every cache instead of grid.context_lengths/max_new_tokens",
+    )
+    name: str = setting("", "the mix's name in params, plots and the selection (default: the source)")
+    input_lengths: str = setting(
+        "", "prompt lengths for source=lengths: fixed:128,512 | uniform:64-512 | lognormal:median=256,p99=2048"
+    )
+    output_lengths: str = setting("", "generated tokens per request for source=lengths (same forms)")
+    path: str = setting("", "source=trace: JSONL, one {input_tokens, output_tokens[, arrival_s]} a line")
+    requests: int = setting(32, "requests in the mix (a trace's first N)", AT_LEAST_1)
+    serving: list[str] = setting(
+        lambda: ["sequential"],
+        "sequential (one at a time), batched (static batches of B, padded), continuous (B in flight: paged only); "
+        "B from grid.batch_sizes",
+    )
+    rate: float = setting(
+        0.0, "Poisson arrivals per second (open loop); 0 = closed loop or the trace's times", AT_LEAST_0
+    )
+    warmup_requests: int = setting(
+        2, "the mix's first requests replayed once, uncounted, before the measured replay", AT_LEAST_0
+    )
+
+
+@dataclass
 class KvSweepConfig:
     name: str = setting("quickstart", "sweep name")
     grid: GridConfig = field(default_factory=GridConfig)
@@ -174,6 +201,7 @@ class KvSweepConfig:
     infer_oom: bool = setting(True, "record larger cells of an OOM'd model/dtype/cache as oom without running them")
     search: SearchConfig = field(default_factory=SearchConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -15,9 +15,12 @@ from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.units import DTYPE_BYTES as DTYPES
+from kvsweep.workload.request_mix import WorkloadError
+from kvsweep.workload.workload_spec import SERVING_MODES, TRACE, workload_from_config
 
 
-def validate(cfg: dict[str, Any]) -> None:
+def validate(cfg: dict[str, Any], given: list[str] | None = None) -> None:
+    """`given`: the keys the command line set (a sweep file's own axes are its business)."""
     grid = cfg["grid"]
     for key, values in grid.items():
         if not values:
@@ -46,7 +49,8 @@ def validate(cfg: dict[str, Any]) -> None:
     if cfg["report"]["rank_by"] not in RANK_BY:
         rank_by = cfg["report"]["rank_by"]
         raise ConfigError(f"report.rank_by: unknown metric {rank_by!r}; allowed: {', '.join(RANK_BY)}")
-    _validate_search(cfg["search"], cfg["slo"])
+    _validate_workload(cfg, given or [])
+    _validate_search(cfg["search"], cfg["slo"], bool(cfg["workload"]["source"]))
     if not cfg["mlflow"]["experiment"].strip():
         raise ConfigError("mlflow.experiment is empty; give an experiment name")
 
@@ -102,15 +106,58 @@ def _validate_measure(m: dict[str, Any]) -> None:
         )
 
 
-def _validate_search(search: dict[str, Any], slo: dict[str, Any]) -> None:
-    """An SLO only decides where a search stops: set without one it would change nothing, silently."""
-    if search["batch"] or search["contexts"]:
+def _validate_search(search: dict[str, Any], slo: dict[str, Any], workload: bool) -> None:
+    """An SLO decides where a search stops and which of a workload's requests count as goodput: set without
+    either it would change nothing, silently."""
+    if search["batch"] or search["contexts"] or workload:
         return
     for key, value in slo.items():
         if value > 0:
             raise ConfigError(
-                f"slo.{key} is set but no search is on; it decides where search.batch=true or search.contexts=true stop"
+                f"slo.{key} is set but no search is on and no workload; it decides where search.batch=true or "
+                "search.contexts=true stop, and a workload's goodput"
             )
+
+
+def _validate_workload(cfg: dict[str, Any], given: list[str]) -> None:
+    """A workload replaces the context and new-token axes, so setting those on the command line too would be
+    ignored: refused. What needs a file (a trace) is read by the command (`check_workload`)."""
+    workload = cfg["workload"]
+    if not workload["source"]:
+        return
+    for key in ("context_lengths", "max_new_tokens"):
+        if f"grid.{key}" in given:
+            raise ConfigError(
+                f"grid.{key} is set but workload.source={workload['source']} replaces it with the mix's lengths; "
+                f"drop one of them"
+            )
+    if cfg["search"]["batch"] or cfg["search"]["contexts"]:
+        raise ConfigError("a capacity search (search.*) and a workload cannot run in one sweep; drop one of them")
+    if workload["source"] != TRACE:
+        try:
+            workload_from_config(_Namespace(workload), seed=0)
+        except WorkloadError as err:
+            raise ConfigError(str(err)) from None
+    else:
+        for mode in workload["serving"]:
+            if mode not in SERVING_MODES:
+                raise ConfigError(f"workload.serving: unknown mode {mode!r}; allowed: {', '.join(SERVING_MODES)}")
+
+
+class _Namespace:
+    """A config section's dict read as attributes, as `workload_from_config` reads the typed config."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+def check_workload(workload: Any, seed: int) -> None:
+    """The workload as the sweep will draw it (a trace file read, every line checked): one line naming what is
+    wrong, before Ray starts. The command runs it, as it reads files (`--cfg job` reads none)."""
+    try:
+        workload_from_config(workload, seed)
+    except WorkloadError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_gguf_models(models: list[str], weights: list[str]) -> None:

@@ -13,7 +13,7 @@ from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
 from kvsweep.driver.capacity_search import plan_searches, search_lines, search_text
 from kvsweep.plan.memory_fit import local_gpu_bytes
-from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of
+from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
     )
     limits = plan_limits(cfg, device, inputs.spec)
     if cfg.search.batch or cfg.search.contexts:
-        protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus)
+        protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus, sweep_workload(cfg))
         searches, problems = plan_searches(cfg, device, limits, protocol, inputs.by_model)
         text = "\n".join(search_text(searches))
         text += "\n\nfirst probes: " + plan_text(searches.first_probes(), problems, device, limits)

@@ -19,7 +19,7 @@ from kvsweep.driver.sweep_finish import SignalInterrupts, finish, interrupts_ign
 from kvsweep.driver.sweep_tracking import Tracking, open_tracking
 from kvsweep.models.presets import shape_only_tags
 from kvsweep.names import ResultTag
-from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, predicted_metrics, protocol_of
+from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, predicted_metrics, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 from kvsweep.testing.testing_config import Seams
@@ -136,7 +136,7 @@ def plan_jobs(
     with `search.batch`/`search.contexts` the capacity searches and their first probes."""
     from kvsweep.driver.capacity_search import plan_searches
 
-    protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus)
+    protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus, sweep_workload(cfg))
     source: JobSource
     if cfg.search.batch or cfg.search.contexts:
         searches, problems = plan_searches(cfg, device, limits, protocol, inputs.by_model)

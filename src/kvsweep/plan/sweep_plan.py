@@ -14,7 +14,9 @@ from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
 from kvsweep.plan.sharding import GpuLoad, layers_text
+from kvsweep.plan.workload_cells import serving_problem, workload_cells
 from kvsweep.units import GB, MIB
+from kvsweep.workload.workload_spec import WorkloadSpec, workload_from_config
 
 
 def model_facts(
@@ -84,7 +86,7 @@ def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None
         capped = int(limit_gb * GB) + CUDA_CONTEXT_BYTES
         if device_bytes is None or capped < device_bytes:
             device_bytes, device_from = capped, "measure.device_memory_limit_gb plus the CUDA context"
-    protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg), cell_gpus(cfg, device))
+    protocol = protocol_of(cfg.measure, device, inputs or inputs_spec(cfg), cell_gpus(cfg, device), sweep_workload(cfg))
     host = host_limits(planner.host_memory_gb, planner.host_link_gbps, cfg.ray.cell_timeout_s, protocol)
     host_from = "planner.host_memory_gb" if planner.host_memory_gb > 0 else "this machine's"
     return PlanLimits(device_bytes, device_from, host, host_from, cell_gpus(cfg, device))
@@ -95,8 +97,13 @@ def plan_sweep(
 ) -> tuple[list[PlannedCell], dict[str, str]]:
     """`limits`: what `plan_limits` finds, when the caller prints them too (found once); `inputs_by_model`:
     what each model is fed (`driver/inputs_choice.py`; random ids where it says nothing)."""
-    cells = expand_grid(asdict(cfg.grid), inputs_by_model)
     facts, problems = model_facts(cfg.grid.models, cfg.trust_remote_code, cfg.grid.weights)
+    workload = sweep_workload(cfg)
+    if workload is None:
+        cells = expand_grid(asdict(cfg.grid), inputs_by_model)
+    else:
+        positions = {m: f.shape.max_positions if f.shape else None for m, f in facts.items()}
+        cells = workload_cells(asdict(cfg.grid), list(cfg.workload.serving), workload, positions)
     limits = limits or plan_limits(cfg, device)
     planned = []
     for cell in cells:
@@ -114,7 +121,7 @@ def plan_sweep(
                 layout=fact.layout if fact else None,
             )
         )
-    return planned, problems
+    return [serving_problem(p) for p in planned], problems
 
 
 def limits_text(limits: PlanLimits) -> list[str]:
@@ -187,6 +194,15 @@ def inputs_spec(cfg: KvSweepConfig) -> InputSpec:
     return InputSpec(tuple(cfg.inputs.depths), cfg.inputs.chat_template, cfg.measure.quality_trials)
 
 
-def protocol_of(m: MeasureConfig, device: str, inputs: InputSpec, gpus: int = 1) -> MeasureProtocol:
-    """The sweep's protocol: its `measure` config as it is, on `device`, fed `inputs`, over `gpus`."""
-    return MeasureProtocol(m, device, inputs, gpus)
+def protocol_of(
+    m: MeasureConfig, device: str, inputs: InputSpec, gpus: int = 1, workload: WorkloadSpec | None = None
+) -> MeasureProtocol:
+    """The sweep's protocol: its `measure` config as it is, on `device`, fed `inputs`, over `gpus`, replaying
+    `workload` in its workload cells."""
+    return MeasureProtocol(m, device, inputs, gpus, workload)
+
+
+def sweep_workload(cfg: KvSweepConfig) -> WorkloadSpec | None:
+    """The sweep's request mix, drawn from `workload.*` with `measure.seed` (the same mix every time it is asked
+    for; a trace is read each time, already checked by the command)."""
+    return workload_from_config(cfg.workload, cfg.measure.seed, cfg.slo)

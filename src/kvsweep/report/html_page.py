@@ -15,6 +15,7 @@ from kvsweep.report.selection import Decision
 from kvsweep.report.table import Listing
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
+from kvsweep.report.workload_report import WorkloadSection
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -78,6 +79,22 @@ def _weights_kv(tables: Sequence[WeightsKvTable]) -> list[str]:
     return parts
 
 
+def _workloads(section: WorkloadSection) -> list[str]:
+    """Heading, how to read it, the interval note once, then per group its figure, its table and its cells that
+    produced no numbers."""
+    parts = ['<h2 id="workloads">Workloads: your traffic</h2>', f'<p class="muted">{html.escape(section.intro)}</p>']
+    parts += [f'<p class="muted">{html.escape(section.note)}.</p>'] if section.note else []
+    for i, t in enumerate(section.tables):
+        parts.append(f"<h3>{html.escape(t.title)}</h3>")
+        parts += [inline_image(t.plot)] if t.plot else []
+        parts.append(
+            html_table(t.header, t.rows, f"workload-{i}") if t.rows else "<p>No cell of this workload ran.</p>"
+        )
+        if t.failed:
+            parts.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in t.failed) + "</ul>")
+    return parts
+
+
 def render_page(
     title: str,
     intro: str,
@@ -88,8 +105,10 @@ def render_page(
     listing: Listing | None = None,
     capacity: CapacitySection | None = None,
     weights_kv: Sequence[WeightsKvTable] = (),
+    workloads: WorkloadSection | None = None,
 ) -> str:
-    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision."""
+    """The decision table lists `listing.listed` (default: every decision), the evidence table every decision;
+    `workloads`: the workload section (its figures inline), when the sweep replayed request mixes."""
     parent = f'<p>MLflow sweep run: <a href="{html.escape(parent_url)}">{html.escape(parent_url)}</a></p>'
     listing = listing or Listing(decisions)
     if not decisions:
@@ -110,6 +129,7 @@ def render_page(
         "<h2>Evidence</h2>",
         html_table(*evidence_rows(decisions, links), "evidence") if decisions else "",
         *_weights_kv(weights_kv),
+        *(_workloads(workloads) if workloads else []),
         "<h2>Plots</h2>",
         *(f"<h3>{html.escape(p.stem)}</h3>{inline_image(p)}" for p in plots),
     ]

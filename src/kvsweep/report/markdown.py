@@ -15,6 +15,7 @@ from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, c
 from kvsweep.report.table import Listing
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
+from kvsweep.report.workload_report import WorkloadSection
 from kvsweep.units import MIB
 
 
@@ -79,7 +80,9 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     header = ["model", "dtype", "batch", "context", "new tokens", f"pick{ranked}", f"leanest within {within}", "notes"]
     rows = []
     for d in decisions:
-        model, dtype, batch, context, new, _ = d.key
+        model, dtype, batch, context, new, _, workload, serving = d.key
+        if workload:  # a workload group: its mix and serving mode stand for the shape
+            context, new = f"{workload} ({serving})", "mix"
         failed = [f"{e.label}: {e.status}" for e in d.entries if e.status != "ok"]
         refused = [f"{e.label}: refused, {reason}" for e in d.refused() for reason in e.gate.refusals]
         flagged = [f"{e.label}: {flag}" for e in d.entries if e.status == "ok" for flag in e.gate.drift]
@@ -216,11 +219,13 @@ def selection_markdown(
     listing: Listing | None = None,
     capacity: CapacitySection | None = None,
     weights_kv: Sequence[WeightsKvTable] = (),
+    workloads: WorkloadSection | None = None,
 ) -> str:
     """The decision table lists `listing.listed` (default: every decision), the evidence table every decision;
-    `weights_kv`: the weights x cache tables, when the sweep quantized weights."""
+    `weights_kv`: the weights x cache tables, when the sweep quantized weights; `workloads`: the workload
+    section's tables, when the sweep replayed request mixes."""
     if not decisions:
-        return f"# {title}\n\nNo cells.\n"
+        return "\n\n".join([f"# {title}", "No cells.", *(workload_markdown(workloads) if workloads else [])]) + "\n"
     listing = listing or Listing(decisions)
     listed = table(*decision_rows(listing.listed, links)) if listing.listed else "No group to choose in."
     return "\n\n".join(
@@ -235,9 +240,21 @@ def selection_markdown(
             "## Evidence",
             table(*evidence_rows(decisions, links)),
             *weights_kv_markdown(weights_kv),
+            *(workload_markdown(workloads) if workloads else []),
             "",
         ]
     )
+
+
+def workload_markdown(section: WorkloadSection) -> list[str]:
+    """The workload section's blocks: heading, how to read it, the interval note once, a table per group with
+    its cells that produced no numbers listed under it."""
+    blocks = ["## Workloads: your traffic", section.intro, *([f"_{section.note}._"] if section.note else [])]
+    for t in section.tables:
+        blocks += [f"### {_escape(t.title)}", table(t.header, t.rows) if t.rows else "No cell of this workload ran."]
+        if t.failed:
+            blocks.append("\n".join(f"- {_escape(line)}" for line in t.failed))
+    return blocks
 
 
 def weights_kv_markdown(tables: Sequence[WeightsKvTable]) -> list[str]:

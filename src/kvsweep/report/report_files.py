@@ -18,6 +18,7 @@ from kvsweep.report.plots import colours, draw_facets
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
 from kvsweep.report.weights_tables import weights_kv_tables
+from kvsweep.report.workload_report import WorkloadSection, workload_section
 from kvsweep.results import CellResult
 
 __all__ = [
@@ -47,6 +48,7 @@ class Report:
     plots: list[Path]
     capacity: Capacity | None = None
     listing: Listing | None = None  # the decisions the short form lists (a search's lone probes left out)
+    workloads: WorkloadSection | None = None  # a sweep with workload cells: their figures and tables
 
     @property
     def short_form(self) -> str:
@@ -87,16 +89,18 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
     decisions = decide(results, context.settings)
     listing = list_decisions(decisions, results)
     probes = context.capacity is not None  # a search's lone probes make figures of one line: left out
-    plots = draw_facets(results, folder / "plots", max_kl=context.settings.max_kl, min_strategies=2 if probes else 1)
+    shaped = [r for r in results if not r.cell.is_workload]  # a workload's figures are its CDFs (workload_report)
+    plots = draw_facets(shaped, folder / "plots", max_kl=context.settings.max_kl, min_strategies=2 if probes else 1)
     capacity = section = None
     if context.capacity is not None:
         capacity = assess(results, context.capacity, context.settings)
         section = capacity_section(capacity)
         (folder / CAPACITY_CSV).write_text(capacity_csv(capacity))
         plots = [*draw_capacity(capacity, colours(results), folder / "plots"), *plots]
-    weights_kv = weights_kv_tables(results)
+    weights_kv = weights_kv_tables(shaped)
+    workloads = workload_section(results, folder / "plots", context.links)  # None without workload cells
     (folder / "selection.md").write_text(
-        selection_markdown(context.title, decisions, context.links, listing, section, weights_kv)
+        selection_markdown(context.title, decisions, context.links, listing, section, weights_kv, workloads)
     )
     page = render_page(
         context.title,
@@ -108,9 +112,10 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         listing,
         section,
         weights_kv,
+        workloads,
     )
     (folder / "report.html").write_text(page)
-    return Report(folder, decisions, plots, capacity, listing)
+    return Report(folder, decisions, plots, capacity, listing, workloads)
 
 
 def write_tables(results: list[CellResult], folder: Path) -> str:

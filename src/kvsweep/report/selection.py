@@ -24,7 +24,8 @@ from kvsweep.report.quality_gate import UNINFORMATIVE, Gate, gate_tags, judge
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
-GroupKey = tuple[str, str, int, int, int, str]  # model, dtype, batch size, context length, new tokens, weights
+# model, dtype, batch size, context length, new tokens, weights, workload, serving ("" "" for a fixed shape)
+GroupKey = tuple[str, str, int, int, int, str, str, str]
 MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
 TIMING_LABELS = {metric: metric.removesuffix("_ms").upper() for metric in RANK_BY}  # TPOT, TTFT, E2E
 _DEFAULTS = ReportConfig()  # the schema's `report` section: every default below is read from it
@@ -88,7 +89,9 @@ class Decision:
 
     @property
     def label(self) -> str:
-        model, dtype, batch, context, new, _ = self.key
+        model, dtype, batch, context, new, _, workload, serving = self.key
+        if workload:
+            return f"{self.model_name or model} {dtype} {workload} {serving} bs{batch} (p90 over requests)"
         return f"{self.model_name or model} {dtype} bs{batch} ctx{context} new{new}"
 
     def summary(self) -> str:
@@ -180,7 +183,14 @@ def pct(fraction: float) -> str:
 
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
-    return (str(c.model), str(c.dtype), int(c.batch_size), int(c.context_length), int(c.max_new_tokens), c.weights)
+    shape = (int(c.batch_size), int(c.context_length), int(c.max_new_tokens))
+    return (str(c.model), str(c.dtype), *shape, c.weights, c.workload, c.serving)
+
+
+def ranked_metric(result: CellResult, rank_by: str) -> str:
+    """What `rank_by` ranks a cell by: its median over repeats, or a workload cell's 90th percentile over
+    requests (a server is judged by its slow requests, and a mix's medians hide them)."""
+    return f"{rank_by}_p90" if result.cell.is_workload else rank_by
 
 
 def memory_basis(results: Iterable[CellResult]) -> str:
@@ -241,8 +251,8 @@ def _entry(result: CellResult, basis: str, settings: Settings, dynamic: CellResu
         if result.tags.get(ResultTag.INFERRED) == "true":
             entry.flags.append("inferred from a smaller cell's OOM")
         return entry
-    entry.speed = m.get(settings.rank_by)
-    entry.interval = metric_interval(m, settings.rank_by)
+    entry.speed = m.get(ranked_metric(result, settings.rank_by))
+    entry.interval = metric_interval(m, ranked_metric(result, settings.rank_by))
     entry.memory = m.get(basis)
     entry.gate = judge(
         result,

@@ -85,9 +85,9 @@ def _row(r: CellResult, model_name: str) -> list[str]:
     return [
         model_name,
         c.dtype,
-        str(c.context_length),
+        c.workload if c.is_workload else str(c.context_length),  # a workload cell: its mix, then its serving
         str(c.batch_size),
-        str(c.max_new_tokens),
+        c.serving if c.is_workload else str(c.max_new_tokens),
         strategy_label(c),
         status,
         _fmt(m.get(Metric.TTFT_MS), digits=2),

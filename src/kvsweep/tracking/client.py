@@ -16,7 +16,7 @@ from mlflow import entities
 from mlflow.entities import Param, Run
 from mlflow.exceptions import MlflowException
 
-from kvsweep.grid import Cell, cell_label
+from kvsweep.grid import WORKLOAD_FIELDS, Cell, cell_label
 from kvsweep.names import (
     CELL_ROLE,
     ENV_TAG_PREFIX,
@@ -159,7 +159,10 @@ class SweepTracker:
         }
         tags = {k: redact_text(v) for k, v in tags.items()}
         run = self.client.create_run(self.experiment_id, run_name=tags[RunTag.RUN_NAME], tags=tags)
-        params = [Param(k, redact_text(_param_value(getattr(cell, k)))) for k in PARAM_KEYS]
+        values = {k: getattr(cell, k) for k in PARAM_KEYS}
+        params = [
+            Param(k, redact_text(_param_value(v))) for k, v in values.items() if v != "" or k not in WORKLOAD_FIELDS
+        ]
         params.append(Param("device", device))
         self.client.log_batch(run.info.run_id, params=params)
         return run.info.run_id

@@ -4,15 +4,7 @@ Pure building blocks (standard library only): where a mix comes from (`mix_sourc
 and the per-request statistics read from its replay (`latency_stats`).
 """
 
-from kvsweep.workload.latency_stats import (
-    PercentileEstimate,
-    RequestTiming,
-    compile_payback,
-    goodput,
-    padding_share,
-    percentile_with_interval,
-    static_unused_share,
-)
+from kvsweep.workload.latency_stats import PercentileEstimate, RequestTiming, compile_payback, goodput
 from kvsweep.workload.mix_sources import (
     LengthDist,
     LengthSpec,
@@ -34,10 +26,7 @@ __all__ = [
     "compile_payback",
     "goodput",
     "lengths_mix",
-    "padding_share",
     "parse_length_spec",
-    "percentile_with_interval",
     "poisson_arrivals",
-    "static_unused_share",
     "trace_mix",
 ]

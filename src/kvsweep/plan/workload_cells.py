@@ -1,0 +1,70 @@
+"""A workload sweep's cells: one per model, weights, dtype, cache, compile, serving mode and B, each replaying
+the sweep's request mix.
+
+A cell's context and new tokens are the mix's longest prompt and what the longest request adds to it, so the
+planner fits the mix's worst moment as it fits a fixed-shape cell: the longest request for sequential serving, B
+rows of it for batched, the page pool for continuous (all B requests in flight at their longest). Sequential serving
+is B = 1 whatever `grid.batch_sizes` says. Continuous batching is Transformers' paged engine: another cache under
+it is planned as skipped, saying so.
+"""
+
+import itertools
+from dataclasses import replace
+from typing import Any
+
+from kvsweep.caches import get_strategy
+from kvsweep.errors import ConfigError
+from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
+from kvsweep.inputs.spec import RANDOM
+from kvsweep.plan.cell_plan import PlannedCell
+from kvsweep.workload.request_mix import RequestMix, WorkloadError
+from kvsweep.workload.workload_spec import CONTINUOUS, SEQUENTIAL, TRACE, WorkloadSpec, fitted
+
+NOT_CONTINUOUS = "continuous serving is Transformers' continuous batching over its paged cache: use cache paged"
+
+
+def model_mix(workload: WorkloadSpec, positions: int | None) -> RequestMix:
+    """The mix on a model of `positions` positions; a trace's request that does not fit is a config error."""
+    if workload.source == TRACE and positions is not None and workload.mix.longest_total > positions:
+        index = next(i for i, r in enumerate(workload.mix.requests) if r.total_tokens > positions)
+        request = workload.mix.requests[index]
+        raise ConfigError(
+            f"workload.path request {index + 1}: input_tokens + output_tokens = {request.total_tokens} is beyond "
+            f"the model's {positions} positions"
+        )
+    try:
+        return fitted(workload.mix, positions)
+    except WorkloadError as err:
+        raise ConfigError(str(err)) from None
+
+
+def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadSpec, positions: dict) -> list[Cell]:
+    """Every workload cell, in the config's order; `positions`: each model's (None when unknown)."""
+    cells: dict[Cell, None] = {}
+    axes = [
+        grid["models"],
+        grid.get("weights") or [NO_WEIGHT_QUANTIZATION],
+        grid["dtypes"],
+        serving,
+        grid["batch_sizes"],
+        grid["caches"],
+        grid["compile"],
+    ]
+    for model, weights, dtype, mode, batch, cache, compiled in itertools.product(*axes):
+        if compiled and not get_strategy(cache).compilable:
+            continue
+        mix = model_mix(workload, positions.get(model))
+        context = mix.longest_input
+        new = mix.longest_total - context  # so the cell caches the longest request's tokens, as static reserves
+        rows = 1 if mode == SEQUENTIAL else batch
+        cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), RANDOM, weights, workload.name, mode)
+        cells.setdefault(cell, None)
+    return list(cells)
+
+
+def serving_problem(planned: PlannedCell) -> PlannedCell:
+    """A cell the serving mode cannot run, planned as skipped with the reason; any other as planned."""
+    cell = planned.cell
+    if planned.runs and cell.serving == CONTINUOUS and get_strategy(cell.cache).family != "paged":
+        return replace(planned, skip_reason=f"{cell.cache}: {NOT_CONTINUOUS}")
+    return planned

@@ -1,0 +1,203 @@
+"""The report's workload section: groups, per-request CDF figures, percentile tables, and its place in the report."""
+
+from kvsweep.grid import Cell
+from kvsweep.report.report_files import ReportContext, write_report
+from kvsweep.report.selection import Settings
+from kvsweep.report.workload_report import (
+    E2E,
+    TTFT,
+    draw_workloads,
+    latency_cdf,
+    workload_figure,
+    workload_groups,
+    workload_section,
+    workload_tables,
+)
+from kvsweep.results import CellResult
+
+MIB = 1 << 20
+NOTE = "no interval: too few requests for an exact 95% interval at p99"
+
+
+def requests(e2e, ttft):
+    return [
+        {
+            "input_tokens": 100 + i,
+            "output_tokens": 8,
+            "arrival_s": None,
+            "ttft_ms": t,
+            "tpot_ms": (e - t) / 7,
+            "e2e_ms": e,
+            "queue_ms": 0.0,
+        }
+        for i, (e, t) in enumerate(zip(e2e, ttft, strict=True))
+    ]
+
+
+def workload(cache, compile=False, mix="chat", serving="continuous", batch=4, model="org/served", status="ok", **kw):
+    cell = Cell(model, "bfloat16", 512, batch, 64, cache, compile, workload=mix, serving=serving)
+    cid = f"{cache}{'+c' if compile else ''}-{mix}-{serving}-{batch}-{model}"
+    if status != "ok":
+        return CellResult(cid, cell, status, "CUDA out of memory")
+    metrics = {"requests_per_s": 2.0, "kv_cache_bytes": 2 * MIB, **kw.pop("metrics", {})}
+    return CellResult(cid, cell, status, metrics=metrics, samples={"requests": kw.pop("reqs", [])})
+
+
+def plain(cache, context=256):
+    cell = Cell("org/served", "bfloat16", context, 1, 32, cache, False)
+    metrics = {"tpot_ms": 10.0, "ttft_ms": 100.0, "kv_cache_bytes": 1000.0, "token_agreement": 1.0}
+    return CellResult(f"{cache}-{context}", cell, "ok", metrics=metrics)
+
+
+def test_workload_cells_group_by_what_they_served_and_plain_cells_are_left_out():
+    results = [
+        workload("static", compile=True),
+        workload("dynamic"),
+        workload("dynamic", serving="batched"),
+        workload("dynamic", mix="rag", batch=8),
+        workload("dynamic", status="oom", model="org/other"),
+        plain("dynamic"),
+    ]
+    groups = workload_groups(results)
+    assert list(groups) == [
+        ("org/other", "bfloat16", "none", "chat", "continuous", 4),
+        ("org/served", "bfloat16", "none", "chat", "batched", 4),
+        ("org/served", "bfloat16", "none", "chat", "continuous", 4),
+        ("org/served", "bfloat16", "none", "rag", "continuous", 8),
+    ]
+    chat = groups[("org/served", "bfloat16", "none", "chat", "continuous", 4)]
+    assert [(r.cell.cache, r.cell.compile) for r in chat] == [("dynamic", False), ("static", True)]
+
+
+def test_each_strategy_gets_an_empirical_cdf_of_its_requests(tmp_path):
+    dynamic = workload("dynamic", reqs=requests(e2e=[30.0, 10.0, 20.0], ttft=[3.0, 1.0, 2.0]))
+    static = workload("static", compile=True, reqs=requests(e2e=[40.0, 5.0], ttft=[100.0, 2.0]))
+    failed = workload("offloaded", status="oom")
+    assert latency_cdf(failed, E2E) is None
+    cdf = latency_cdf(dynamic, E2E)
+    assert (cdf.label, cdf.xs, cdf.ys) == ("dynamic", [10.0, 20.0, 30.0], [1 / 3, 2 / 3, 1.0])
+
+    [(key, cells)] = workload_groups([dynamic, static, failed]).items()
+    figure = workload_figure(key, "served", cells, {"dynamic": "#111111", "static+compile": "#222222"})
+    e2e_axes, ttft_axes = figure.axes
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in e2e_axes.get_lines()}
+    assert drawn == {"dynamic": ([10.0, 20.0, 30.0], [1 / 3, 2 / 3, 1.0]), "static+compile": ([5.0, 40.0], [0.5, 1.0])}
+    ttft = {line.get_label(): list(line.get_xdata()) for line in ttft_axes.get_lines()}
+    assert ttft == {"dynamic": [1.0, 2.0, 3.0], "static+compile": [2.0, 100.0]}
+    assert e2e_axes.get_xscale() == "linear"  # 5..40 ms: 8x
+    assert ttft_axes.get_xscale() == "log"  # 1..100 ms: 100x
+    assert [e2e_axes.get_ylim()[0], ttft_axes.get_ylim()[0]] == [0, 0]
+    assert {text.get_text() for text in e2e_axes.get_legend().get_texts()} == {"dynamic", "static+compile"}
+    assert "served  bfloat16  workload chat  continuous  batch 4" in figure._suptitle.get_text()
+
+    [path] = draw_workloads([dynamic, static, failed, plain("dynamic")], tmp_path / "plots").values()
+    assert path == tmp_path / "plots" / "workload_org_served_bfloat16_chat_continuous_bs4.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latency_cdf(dynamic, TTFT).xs == [1.0, 2.0, 3.0]
+
+
+def test_odd_workload_names_make_safe_distinct_file_names(tmp_path):
+    reqs = requests(e2e=[1.0], ttft=[0.5])
+    paths = draw_workloads(
+        [workload("dynamic", mix="a b/c", reqs=reqs), workload("dynamic", mix="a_b_c", reqs=reqs)], tmp_path
+    )
+    names = sorted(p.name for p in paths.values())
+    assert names == [
+        "workload_org_served_bfloat16_a_b_c_continuous_bs4-2.png",
+        "workload_org_served_bfloat16_a_b_c_continuous_bs4.png",
+    ]
+    assert all(p.parent == tmp_path for p in paths.values())
+
+
+def test_the_table_gives_percentiles_with_intervals_where_they_exist():
+    metrics = {
+        "ttft_ms_p50": 12.3,
+        "ttft_ms_p50_ci_low": 11.9,
+        "ttft_ms_p50_ci_high": 13.04,
+        "ttft_ms_p99": 20.5,  # no interval: too few requests
+        "tpot_ms_p90": 0.456,
+        "tpot_ms_p90_ci_low": 0.4,
+        "tpot_ms_p90_ci_high": 0.5,
+        "e2e_ms_p99": 250.0,
+        "requests_per_s": 3.25,
+        "goodput_requests_per_s": 3.0,
+        "kv_cache_bytes": 3 * MIB,
+        "static_unused_share": 0.25,
+        "padding_share": 0.125,
+    }
+    results = [
+        workload("static", metrics=metrics),
+        workload("dynamic", metrics={"ttft_ms_p50": 9.0, "requests_per_s": 4.0}),
+        workload("offloaded", status="oom"),
+    ]
+    [table], missing = workload_tables(results, links={results[0].cell_id: "http://mlflow/run/1"})
+    assert table.header == [
+        "strategy",
+        *(f"{t} {p} ms" for t in ("TTFT", "TPOT", "e2e") for p in ("p50", "p90", "p99")),
+        "requests/s",
+        "goodput req/s",
+        "KV cache MiB",
+        "static unused %",
+        "padding %",
+    ]
+    dynamic, static = table.rows
+    assert static == [
+        ("static", "http://mlflow/run/1", ""),
+        "12.3 [11.9–13.0]",
+        "-",
+        "20.5",
+        "-",
+        "0.46 [0.40–0.50]",
+        "-",
+        "-",
+        "-",
+        "250.0",
+        "3.25",
+        "3.00",
+        "3.00",
+        "25.0",
+        "12.5",
+    ]
+    assert dynamic == ["dynamic", "9.0", *["-"] * 8, "4.00", "-", "2.00", "-", "-"]
+    assert table.failed == ["offloaded: oom"]
+    assert missing == ["p50", "p99"]  # dynamic's p50 has no interval either
+
+
+def test_the_report_carries_the_section_only_when_the_sweep_has_workload_cells(tmp_path):
+    reqs = requests(e2e=[30.0, 10.0, 20.0], ttft=[3.0, 1.0, 2.0])
+    bare = {"e2e_ms_p99": 30.0}
+    with_interval = {"e2e_ms_p50": 20.0, "e2e_ms_p50_ci_low": 10.0, "e2e_ms_p50_ci_high": 30.0}
+    served = [
+        workload("dynamic", reqs=reqs, metrics=bare),
+        workload("static", compile=True, reqs=reqs, metrics=bare),
+        workload("dynamic", mix="rag", reqs=reqs, metrics=with_interval),
+        workload("offloaded", status="oom"),
+    ]
+    mixed = write_report(
+        [plain("dynamic"), plain("static"), *served], tmp_path / "mixed", ReportContext("m", Settings())
+    )
+    page = (tmp_path / "mixed" / "report.html").read_text()
+    md = (tmp_path / "mixed" / "selection.md").read_text()
+    assert page.count('<h2 id="workloads">Workloads: your traffic</h2>') == 1
+    assert 'id="workload-0"' in page and 'id="workload-1"' in page
+    assert page.count(NOTE) == 1 and md.count(NOTE) == 1
+    assert "20.0 [10.0–30.0]" in page and "20.0 [10.0–30.0]" in md
+    assert md.count("## Workloads: your traffic") == 1
+    assert "### org/served  bfloat16  workload chat  continuous  batch 4" in md
+    assert "- offloaded: oom" in md and "<li>offloaded: oom</li>" in page
+    figures = sorted(p.name for p in mixed.workloads.plots)
+    assert figures == [
+        "workload_org_served_bfloat16_chat_continuous_bs4.png",
+        "workload_org_served_bfloat16_rag_continuous_bs4.png",
+    ]
+    assert all((tmp_path / "mixed" / "plots" / name).is_file() for name in figures)
+    assert page.count("data:image/png;base64") == len(mixed.plots) + len(figures)
+
+    only_plain = write_report([plain("dynamic"), plain("static")], tmp_path / "plain", ReportContext("p", Settings()))
+    assert only_plain.workloads is None
+    assert workload_section([plain("dynamic")], tmp_path / "unused") is None
+    assert not (tmp_path / "unused").exists()
+    for name in ("report.html", "selection.md"):
+        text = (tmp_path / "plain" / name).read_text()
+        assert "Workloads" not in text and "workload" not in text
+    assert not list((tmp_path / "plain" / "plots").glob("workload_*"))
