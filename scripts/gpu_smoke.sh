@@ -98,6 +98,15 @@ mkdir -p "$weights_out"
 python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
   'grid.weights=[quanto-int8,quanto-int4,bnb-int8,bnb-nf4,torchao-int4]' "hydra.run.dir=$weights_out" \
   "mlflow.tracking_uri=sqlite:///$weights_out/mlflow.db" >"$weights_out/sweep.log" 2>&1 || true
+# Your traffic, small: 8 requests of two prompt lengths through dynamic, static (sized for the longest) and paged,
+# one at a time and continuously batched (paged, 4 in flight).
+workload_out=$out/workload
+mkdir -p "$workload_out"
+python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic,static,paged]' \
+  'grid.compile=[false]' grid.batch_sizes=[4] workload.source=lengths workload.name=smoke \
+  'workload.input_lengths="fixed:256,1024"' 'workload.output_lengths="fixed:16,32"' workload.requests=8 \
+  'workload.serving=[sequential,continuous]' "hydra.run.dir=$workload_out" \
+  "mlflow.tracking_uri=sqlite:///$workload_out/mlflow.db" >"$workload_out/sweep.log" 2>&1 || true
 # A node with two GPUs or more: a model split over two GPUs per cell (each GPU's layers and peak recorded),
 # each GPU capped at 8 GB (the tag must name both; the smoke model needs far less).
 split=()
@@ -112,6 +121,7 @@ else
   echo "one GPU on this node: the split over two GPUs per cell is not run"
 fi
 python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --expect-weights "$weights_out" \
+  --expect-workload "$workload_out" \
   ${split[@]+"${split[@]}"} \
   --setup "$setup; $started" || status=$((status == 0 ? 1 : status))
 echo "smoke run took ${SECONDS} s (setup, sweeps with their compiles and quanto's CUDA build, summary)"

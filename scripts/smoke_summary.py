@@ -27,6 +27,9 @@ Exits 1 when any of these is found (each is one problem):
 - with --expect-weights FOLDER: the sweep there, one cell per weight quantization, has a cell that did not
   end ok, or one whose weights occupy other than the planner's exact figure (`weights_bytes` against
   `predicted_weights_bytes`: the byte formulas of bitsandbytes and torchao are checked only here);
+- with --expect-workload FOLDER: the small workload sweep there (8 requests of two prompt lengths, one at
+  a time and continuously batched) has a cell that should have run and did not end ok, did not time every
+  request, or (paged) whose page pool differs from the planner's bytes;
 - with --expect-split FOLDER: the sweep there, run with `ray.gpus_per_cell=2`, has no cell that ran
   with its model on one GPU: each must record its placement (`kvsweep.placement`, `placement` in its
   samples) and a peak for each of its GPUs in every repeat, the largest equal to its
@@ -39,7 +42,7 @@ Exits 1 when any of these is found (each is one problem):
   spread over 20% is said, not counted), a CPU slot not on the NUMA node its GPU hangs off.
 Compiled cells planned skipped because Triton's launcher cannot be built here are counted.
 Usage: python scripts/smoke_summary.py OUTPUT_FOLDER [--setup TEXT] [--expect-cuda-init-error FOLDER]
-       [--expect-weights FOLDER] [--expect-split FOLDER]
+       [--expect-weights FOLDER] [--expect-split FOLDER] [--expect-workload FOLDER]
 """
 
 import argparse
@@ -58,6 +61,8 @@ from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.triton_launcher import LAUNCHER_REASON_PREFIX
 from kvsweep.results import ERROR, OK, SKIPPED, CellResult
 from kvsweep.tracking.journal import Journal
+
+WORKLOAD_REQUESTS = 8  # what scripts/gpu_smoke.sh's workload sweep asks for (workload.requests)
 
 MIB = 1 << 20
 # How kvsweep.cell.environment's error for a CUDA that cannot start begins (its class name, as
@@ -314,6 +319,38 @@ def weights_problems(folder: Path) -> int:
     return problems
 
 
+def workload_problems(folder: Path) -> int:
+    """The small workload sweep: every cell that should run ran ok and timed every request of the mix, each
+    request's first token no later than its last; the paged cells' pool is the planner's byte for byte."""
+    results = Journal(folder).read().latest_results()
+    if not results:
+        print(f"workload: NO RESULT in {folder} (its sweep.log says why)")
+        return 1
+    problems = 0
+    for result in results:
+        if result.status == SKIPPED:
+            print(f"workload: {_label(result)} skipped ({result.error[:100]})")
+            continue
+        requests = result.samples.get("requests") or []
+        m = result.metrics
+        if result.status != OK:
+            wrong = f"SHOULD BE ok: {result.error[:120]}"
+        elif len(requests) != WORKLOAD_REQUESTS or any(r["ttft_ms"] > r["e2e_ms"] for r in requests):
+            wrong = f"SHOULD TIME ALL {WORKLOAD_REQUESTS} REQUESTS, EACH FIRST TOKEN BEFORE ITS LAST"
+        elif result.cell.cache == "paged" and m.get(Metric.KV_CACHE_BYTES) != m.get(Metric.PREDICTED_KV_DEVICE_BYTES):
+            wrong = "THE PAGE POOL SHOULD BE THE PLANNER'S BYTE FOR BYTE"
+        else:
+            wrong = None
+        problems += wrong is not None
+        figures = ", ".join(
+            f"{name} {m[name]:.1f} ms"
+            for name in (Metric.TTFT_MS_P90, Metric.TPOT_MS_P90, Metric.E2E_MS_P90)
+            if name in m
+        )
+        print(f"workload: {_label(result)} {result.status}: {figures or '-'} ({wrong or 'as it should'})")
+    return problems
+
+
 def split_problems(folder: Path) -> int:
     """The sweep over two GPUs per cell: every cell that ran placed its model over both and measured both."""
     results = [r for r in Journal(folder).read().latest_results() if ran(r)]
@@ -362,6 +399,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--expect-cuda-init-error", type=Path, help="a sweep run with the cuda_init fault")
     parser.add_argument("--expect-split", type=Path, help="a sweep run with ray.gpus_per_cell=2")
     parser.add_argument("--expect-weights", type=Path, help="a sweep with one cell per weight quantization")
+    parser.add_argument("--expect-workload", type=Path, help=f"a workload sweep of {WORKLOAD_REQUESTS} requests")
     args = parser.parse_args(argv)
     journal = Journal(args.folder).read()
     results = journal.latest_results()
@@ -403,6 +441,8 @@ def main(argv: list[str]) -> int:
         failures += weights_problems(args.expect_weights)
     if args.expect_split:
         failures += split_problems(args.expect_split)
+    if args.expect_workload:
+        failures += workload_problems(args.expect_workload)
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 

@@ -46,3 +46,14 @@ def test_the_view_saved_with_a_sweep_groups_by_its_varying_axes(tmp_path):
     assert {"tags.`kvsweep.contended`", "tags.`kvsweep.contention`", "metrics.`tpot_ms_ci_low`"} <= set(
         state["selectedColumns"]
     )
+
+
+def test_a_workload_sweeps_view_groups_by_serving_mode_and_batch_not_by_the_replaced_axes():
+    """The mix replaces context and new tokens (whatever the grid still says), and sequential cells are B = 1
+    beside batched ones of B = 4: one line per cache, serving mode and B."""
+    config = (
+        "grid: {caches: [dynamic, paged], context_lengths: [256, 1024], max_new_tokens: [32], batch_sizes: [4]}\n"
+        "workload: {source: lengths, serving: [sequential, continuous]}\n"
+    )
+    assert group_keys_from_config(config) == ["cache", "serving", "batch_size"]
+    assert group_keys_from_config(config.replace("source: lengths", "source: ''")) == ["cache"]

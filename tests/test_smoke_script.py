@@ -433,7 +433,7 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
     assert pip_calls(tmp_path) == ["install -q -e .[quantized,test,cuda-weights]"], done.stderr
     started = "CUDA starts on Stand-in GPU: torch 2.14.1+cu126 (built for CUDA 12.6), driver 550.54.14 (CUDA 12.4)"
     assert started in done.stdout.splitlines()
-    measured, faulted, weights = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
+    measured, faulted, weights, workload = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
     # The measured sweep gets every argument, after its own (so the user's win).
     assert measured == [
         "+sweep=gpu_smoke",
@@ -460,6 +460,22 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
         "grid.weights=[quanto-int8,quanto-int4,bnb-int8,bnb-nf4,torchao-int4]",
         f"hydra.run.dir={weights_dir}",
         f"mlflow.tracking_uri=sqlite:///{weights_dir}/mlflow.db",
+    ]
+    workload_dir = out / "workload"  # the small workload sweep: dynamic, static and paged, two serving modes
+    assert workload == [
+        "+sweep=gpu_smoke",
+        *user[:4],
+        "grid.caches=[dynamic,static,paged]",
+        "grid.compile=[false]",
+        "grid.batch_sizes=[4]",
+        "workload.source=lengths",
+        "workload.name=smoke",
+        'workload.input_lengths="fixed:256,1024"',
+        'workload.output_lengths="fixed:16,32"',
+        "workload.requests=8",
+        "workload.serving=[sequential,continuous]",
+        f"hydra.run.dir={workload_dir}",
+        f"mlflow.tracking_uri=sqlite:///{workload_dir}/mlflow.db",
     ]
 
 
@@ -730,6 +746,27 @@ def test_quantized_weights_must_occupy_exactly_what_the_planner_predicted(tmp_pa
     assert any(line.startswith("quantized weights: bnb-nf4 ok") and "as it should" in line for line in lines)
     assert any(line.startswith("quantized weights: torchao-int4 ok") and "SHOULD EQUAL" in line for line in lines)
     assert code == 1 and lines[-1] == "FAILED: 1 problem(s)"
+
+
+def workload_record(cache: str, requests: int, pool: float = 0.0, predicted: float = 0.0) -> CellResult:
+    c = replace(cell(cache), workload="smoke", serving="sequential")
+    result = from_cell(c)
+    result.samples["requests"] = [{"ttft_ms": 10.0, "e2e_ms": 50.0} for _ in range(requests)]
+    result.metrics.update({Metric.KV_CACHE_BYTES: pool, Metric.PREDICTED_KV_DEVICE_BYTES: predicted})
+    return result
+
+
+def test_the_workload_sweep_must_time_every_request_and_size_the_pool_as_planned(tmp_path):
+    """8 requests asked for: a cell that timed 7 is a problem; a paged pool a byte off the planner's is one."""
+    good = workload_record("dynamic", 8)
+    short = workload_record("static", 7)
+    pool_off = workload_record("paged", 8, pool=1001.0, predicted=1000.0)
+    folder = write_journal(tmp_path / "workload", [good, short, pool_off])
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-workload", str(folder))
+    assert any(line.startswith("workload: dynamic") and "as it should" in line for line in lines), lines
+    assert any(line.startswith("workload: static") and "ALL 8 REQUESTS" in line for line in lines), lines
+    assert any(line.startswith("workload: paged") and "PAGE POOL" in line for line in lines), lines
+    assert code == 1 and lines[-1] == "FAILED: 2 problem(s)"
 
 
 def test_a_split_cell_must_record_both_gpus_and_its_largest_peak(tmp_path):

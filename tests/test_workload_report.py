@@ -1,8 +1,12 @@
 """The report's workload section: groups, per-request CDF figures, percentile tables, and its place in the report."""
 
+import pytest
+
 from kvsweep.grid import Cell
+from kvsweep.report.compile_payback import payback_text
 from kvsweep.report.report_files import ReportContext, write_report
 from kvsweep.report.selection import Settings
+from kvsweep.report.workload_quality import fill_agreement
 from kvsweep.report.workload_report import (
     E2E,
     TTFT,
@@ -139,6 +143,7 @@ def test_the_table_gives_percentiles_with_intervals_where_they_exist():
         "KV cache MiB",
         "static unused %",
         "padding %",
+        "compile payback",
     ]
     dynamic, static = table.rows
     assert static == [
@@ -157,8 +162,9 @@ def test_the_table_gives_percentiles_with_intervals_where_they_exist():
         "3.00",
         "25.0",
         "12.5",
+        "-",  # not compiled: nothing to pay back
     ]
-    assert dynamic == ["dynamic", "9.0", *["-"] * 8, "4.00", "-", "2.00", "-", "-"]
+    assert dynamic == ["dynamic", "9.0", *["-"] * 8, "4.00", "-", "2.00", "-", "-", "-"]
     assert table.failed == ["offloaded: oom"]
     assert missing == ["p50", "p99"]  # dynamic's p50 has no interval either
 
@@ -201,3 +207,42 @@ def test_the_report_carries_the_section_only_when_the_sweep_has_workload_cells(t
         text = (tmp_path / "plain" / name).read_text()
         assert "Workloads" not in text and "workload" not in text
     assert not list((tmp_path / "plain" / "plots").glob("workload_*"))
+
+
+def test_compile_payback_is_compile_seconds_over_the_per_request_saving():
+    """Compiling took 0.5 s; the compiled static cache answers each request 40 ms sooner than dynamic (100 vs 60 ms
+    end to end): 0.5 / 0.04 = 12.5, so the 13th request repays it. The mix has 4 requests, so the saving
+    goes on at its mean past them. Slower than dynamic: never."""
+    dynamic = workload("dynamic", reqs=requests([100.0] * 4, [10.0] * 4))
+    faster = workload("static", compile=True, metrics={"compile_s": 0.5}, reqs=requests([60.0] * 4, [5.0] * 4))
+    slower = workload(
+        "static", compile=True, mix="chat", metrics={"compile_s": 0.5}, reqs=requests([120.0] * 4, [5.0] * 4)
+    )
+    assert payback_text(faster, [dynamic, faster]) == "13 requests"
+    assert payback_text(slower, [dynamic, slower]) == "never"
+    assert payback_text(dynamic, [dynamic, faster]) == "-"
+    assert payback_text(faster, [faster]) == "no dynamic cell"
+    # within the mix: savings 40, 40, 40, 40 ms against 0.1 s of compiling: the 3rd request (120 ms) repays it
+    quick = workload("static", compile=True, metrics={"compile_s": 0.1}, reqs=requests([60.0] * 4, [5.0] * 4))
+    assert payback_text(quick, [dynamic, quick]) == "3 requests"
+
+
+def with_tokens(cache, tokens, **kw):
+    reqs = requests([50.0] * len(tokens), [5.0] * len(tokens))
+    for record, t in zip(reqs, tokens, strict=True):
+        record["tokens"] = t
+    return workload(cache, reqs=reqs, **kw)
+
+
+def test_a_workload_caches_tokens_are_compared_with_dynamics_request_by_request():
+    """Two requests of 4 and 3 tokens: fp8 differs at the second request's position 1 and after (2 of 7
+    positions), paged nowhere; the earliest divergence over the mix is position 1."""
+    dynamic = with_tokens("dynamic", [[5, 6, 7, 8], [1, 2, 3]])
+    fp8 = with_tokens("quantized-fp8", [[5, 6, 7, 8], [1, 9, 9]])
+    paged = with_tokens("paged", [[5, 6, 7, 8], [1, 2, 3]])
+    other_mix = with_tokens("quantized-fp8", [[0, 0, 0, 0], [0, 0, 0]], mix="rag")  # no dynamic cell of its own
+    fill_agreement([dynamic, fp8, paged, other_mix])
+    assert fp8.metrics["token_agreement"] == pytest.approx(5 / 7) and fp8.metrics["first_divergence"] == 1
+    assert paged.metrics["token_agreement"] == 1.0 and paged.metrics["first_divergence"] == 4
+    assert dynamic.metrics["token_agreement"] == 1.0
+    assert "token_agreement" not in other_mix.metrics

@@ -35,6 +35,7 @@ class RequestTimes:
     tpot_ms: float | None  # None for a one-token output
     e2e_ms: float
     queue_ms: float  # arrival to being sent: 0 in a closed loop
+    tokens: tuple[int, ...] = ()  # what it generated (greedy): the report compares them with dynamic's
 
 
 @dataclass
@@ -94,7 +95,7 @@ def replay_generate(
         check(call)
         calls.append(call)
         stamps = _token_offsets_ms(call)
-        for i in group:
+        for row, i in enumerate(group):
             arrived = arrivals[i] if arrivals[i] is not None else sent
             queue_ms = (sent - arrived) * 1e3
             own = stamps[: requests[i].output_tokens]
@@ -108,6 +109,7 @@ def replay_generate(
                     tpot,
                     queue_ms + own[-1],
                     queue_ms,
+                    tuple(call.new_tokens[row, : requests[i].output_tokens].tolist()),
                 )
             )
     return Replay(timed, time.perf_counter() - start, calls)
@@ -186,5 +188,6 @@ def replay_paged(
             tpot,
             (stamps[-1] - arrived) * 1e3,
             queue_ms,
+            tuple(out.generated_tokens),  # type: ignore[attr-defined]
         )
     return [done[i] for i in range(len(requests))], time.perf_counter() - start

@@ -18,6 +18,7 @@ from kvsweep.report.plots import colours, draw_facets
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
 from kvsweep.report.weights_tables import weights_kv_tables
+from kvsweep.report.workload_quality import fill_agreement
 from kvsweep.report.workload_report import WorkloadSection, workload_section
 from kvsweep.results import CellResult
 
@@ -86,6 +87,7 @@ def settings_from(values: dict[str, Any]) -> Settings:
 
 def write_report(results: list[CellResult], folder: Path, context: ReportContext) -> Report:
     folder.mkdir(parents=True, exist_ok=True)
+    fill_agreement(results)  # a workload cell's tokens against its dynamic cell's, when the samples are at hand
     decisions = decide(results, context.settings)
     listing = list_decisions(decisions, results)
     probes = context.capacity is not None  # a search's lone probes make figures of one line: left out

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global fig
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names, file_stem
 from kvsweep.names import Metric, ci_high, ci_low
+from kvsweep.report.compile_payback import payback_text
 from kvsweep.report.plots import colours
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
@@ -42,6 +43,7 @@ HEADER = [
     "KV cache MiB",
     "static unused %",
     "padding %",
+    "compile payback",
 ]
 INTRO = (
     "Each workload replays its request mix through every strategy. The figures show, per strategy, the share of "
@@ -193,7 +195,8 @@ def workload_tables(
                 continue
             label = strategy_label(r.cell)
             url = links.get(r.cell_id)
-            rows.append([(label, url, "") if url else label, *_timing_cells(r.metrics, bare), *_other_cells(r)])
+            timing = _timing_cells(r.metrics, bare)
+            rows.append([(label, url, "") if url else label, *timing, *_other_cells(r), payback_text(r, cells)])
         failed = [f"{strategy_label(r.cell)}: {r.status}" for r in cells if r.status != OK]
         tables.append(WorkloadTable(key, group_title(key, names[key[0]]), list(HEADER), rows, failed))
     missing = [p for p in PERCENTILES if p in bare]

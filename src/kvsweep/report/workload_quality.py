@@ -1,0 +1,56 @@
+"""What each cache of a workload generated, against dynamic: token agreement over the mix's own prompts.
+
+Every workload cell keeps each request's greedy tokens (`samples.json`); the report compares each strategy's with
+the same workload's dynamic cell (eager), request by request, and writes `token_agreement` and `first_divergence`
+onto the results it reads, so the selection flags a cache whose answers drift on this traffic as it flags one on
+a fixed shape. A report rebuilt from MLflow alone has no samples at hand and leaves them out.
+"""
+
+from collections import defaultdict
+
+from kvsweep.caches import BASELINE
+from kvsweep.names import Metric
+from kvsweep.report.selection import group_key
+from kvsweep.results import OK, CellResult
+
+REQUESTS = "requests"  # the samples key of a workload cell's per-request records (workload_cell.py)
+
+
+def mix_agreement(tokens: list[list[int]], baseline: list[list[int]]) -> tuple[float, int]:
+    """(share of generated positions equal to the baseline's over every request, the earliest position at which
+    any request differs: its length when none does)."""
+    equal = total = 0
+    first = max((len(t) for t in tokens), default=0)
+    for mine, theirs in zip(tokens, baseline, strict=True):
+        for position, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            total += 1
+            equal += a == b
+            if a != b:
+                first = min(first, position)
+    return (equal / total if total else 1.0), first
+
+
+def fill_agreement(results: list[CellResult]) -> None:
+    """Each ok workload cell with its requests' tokens, against its group's dynamic cell (left alone without)."""
+    groups: dict[tuple, list[CellResult]] = defaultdict(list)
+    for result in results:
+        if result.cell.is_workload and result.status == OK and _tokens(result):
+            groups[group_key(result)].append(result)
+    for cells in groups.values():
+        dynamic = next((r for r in cells if r.cell.cache == BASELINE and not r.cell.compile), None)
+        if dynamic is None:
+            continue
+        baseline = _tokens(dynamic)
+        for result in cells:
+            mine = _tokens(result)
+            if Metric.TOKEN_AGREEMENT in result.metrics or [len(t) for t in mine] != [len(t) for t in baseline]:
+                continue
+            share, first = mix_agreement(mine, baseline)
+            result.metrics[Metric.TOKEN_AGREEMENT] = share
+            result.metrics[Metric.FIRST_DIVERGENCE] = float(first)
+
+
+def _tokens(result: CellResult) -> list[list[int]]:
+    requests = result.samples.get(REQUESTS) or []
+    tokens = [list(r.get("tokens") or []) for r in requests]
+    return tokens if tokens and all(tokens) else []
