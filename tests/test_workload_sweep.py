@@ -153,3 +153,30 @@ def test_a_bad_workload_is_one_line_and_exit_2(overrides, says, tmp_path):
     code, _, err = kvsweep(*overrides, f"hydra.run.dir={tmp_path}/run")
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.slow
+def test_a_compiled_static_cache_over_a_mix_counts_its_compiles_and_when_they_pay_back(
+    ray_cluster, cell_template, store, tmp_path
+):
+    """Two prompt lengths: the cold replay compiles at least once per length, the measured replay compiles
+    nothing more, and the report's payback is compile seconds over the mean per-request saving against dynamic,
+    worked out here from the two cells' request times."""
+    mix = ['workload.input_lengths="fixed:32,64"', 'workload.output_lengths="fixed:8"', "workload.requests=6"]
+    code, out, run_dir = sweep(tmp_path, store, *mix, "grid.caches=[dynamic,static]", "grid.compile=[false,true]")
+    assert code == 0, out
+    cells = {(r.cell.cache, r.cell.compile): r for r in Journal(run_dir).read().results}
+    compiled, dynamic = cells[("static", True)], cells[("dynamic", False)]
+    assert compiled.metrics[Metric.RECOMPILES] >= 2  # a graph for each prompt length at least
+    assert compiled.metrics[Metric.COMPILE_RECAPTURES] == 0  # the measured replay found every graph compiled
+    assert compiled.metrics[Metric.COMPILE_S] > 0
+    pairs = zip(compiled.samples["requests"], dynamic.samples["requests"], strict=True)  # the same requests
+    saving = [d["e2e_ms"] - c["e2e_ms"] for c, d in pairs]
+    mean_s = sum(saving) / len(saving) / 1e3
+    selection = (run_dir / "report" / "selection.md").read_text()
+    row = next(line for line in selection.splitlines() if line.startswith("| [static+compile]"))
+    if mean_s <= 0:
+        assert row.endswith("| never |")
+    else:  # the mix is 6 requests: far fewer than a compile of seconds needs at a saving of milliseconds
+        expected = -(-compiled.metrics[Metric.COMPILE_S] // mean_s)
+        assert row.endswith(f"| {int(expected)} requests |"), (row, expected)
