@@ -20,7 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import ROOT, machine
 
-ORDER = ["fidelity", "repeatability", "contention", "overhead", "peer", "scaling", "search_cost", "compare_noise"]
+ORDER = [
+    "fidelity",
+    "paged_fidelity",
+    "repeatability",
+    "contention",
+    "overhead",
+    "peer",
+    "scaling",
+    "search_cost",
+    "compare_noise",
+]
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "results"
 
 

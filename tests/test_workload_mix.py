@@ -236,7 +236,7 @@ def test_poisson_arrivals_start_at_zero_and_average_one_over_the_rate():
     ]
     assert poisson_arrivals(base, 4.0, seed=5).sha256 == timed.sha256
     assert poisson_arrivals(base, 4.0, seed=6).sha256 != timed.sha256
-    with pytest.raises(WorkloadError, match=r"workload\.rate_per_s"):
+    with pytest.raises(WorkloadError, match=r"workload\.rate"):
         poisson_arrivals(base, 0.0, seed=5)
 
 

@@ -180,3 +180,30 @@ def test_a_compiled_static_cache_over_a_mix_counts_its_compiles_and_when_they_pa
     else:  # the mix is 6 requests: far fewer than a compile of seconds needs at a saving of milliseconds
         expected = -(-compiled.metrics[Metric.COMPILE_S] // mean_s)
         assert row.endswith(f"| {int(expected)} requests |"), (row, expected)
+
+
+def test_a_static_batch_is_sized_for_its_longest_prompt_and_longest_output_together():
+    """(100 in, 4 out) and (8 in, 60 out) in one batch of 2: generate pads both rows to 100 and runs both to 60
+    new tokens, so the batch needs 100 + 60 - 1 = 159 positions, more than either request (103, 67). The cell
+    plans that, and its static cache reserves it for every batch, so the run matches what it planned."""
+    from dataclasses import replace
+
+    from kvsweep.grid import MeasureProtocol
+    from kvsweep.plan.workload_cells import workload_cells
+    from kvsweep.workload.request_mix import Request, RequestMix
+    from kvsweep.workload.workload_spec import WorkloadSpec
+    from kvsweep_testkit.cells import measure_cell
+
+    mix = RequestMix("two", (Request(100, 4), Request(8, 60)))
+    spec = WorkloadSpec("two", mix, 0, "lengths")
+    grid = {"models": ["tiny-llama"], "dtypes": ["float32"], "batch_sizes": [2], "caches": ["static"], "compile": [0]}
+    batched, sequential = (
+        workload_cells(grid, [mode], spec, {"tiny-llama": 4096})[0] for mode in ("batched", "sequential")
+    )
+    assert (batched.context_length, batched.max_new_tokens, batched.cached_tokens) == (100, 60, 159)
+    assert (sequential.context_length, sequential.max_new_tokens, sequential.cached_tokens) == (100, 4, 103)
+    protocol = replace(MeasureProtocol.exact(0, 1, 0, "cpu", 1), workload=spec)
+    result = measure_cell(batched.to_dict(), protocol.to_dict())
+    assert result["status"] == "ok", result["error"]
+    # the reservation's unused share: 2 rows x 159 reserved; row 1 fills 100 + 4 - 1, row 2 (padded to 100) 100 + 60 - 1
+    assert result["metrics"][Metric.STATIC_UNUSED_SHARE] == pytest.approx(1 - (103 + 159) / (2 * 159))

@@ -98,6 +98,11 @@ class GenerateSession:
     def keeps_cache(self, strategy: CacheStrategy) -> bool:
         return self.cell.compile and strategy.compilable
 
+    def fits_kept(self, ids: torch.Tensor) -> bool:
+        """A call the kept cache serves: the cell's rows (its length is the cell's longest; a workload's shorter
+        requests run in it too, as in the one cache a compiled server keeps)."""
+        return ids.shape[0] == self.inputs.shape[0]
+
     def cache_for(self, strategy: CacheStrategy) -> dict[str, Any]:
         """`generate`'s `cache` argument: a compiled static cell's one cache, emptied; {} for every other cell.
 
@@ -150,7 +155,7 @@ class GenerateSession:
         """One `generate` call (of the cell's inputs, or `inputs`: ids and mask); the kept cache is emptied here,
         inside whatever the caller times, when the call has the cell's shape."""
         ids, mask = inputs or (self.inputs, self.mask)
-        kept = self.cache_for(strategy) if ids.shape == self.inputs.shape else {}
+        kept = self.cache_for(strategy) if self.fits_kept(ids) else {}
         return self.model.generate(
             ids, attention_mask=mask, logits_processor=processors, generation_config=config, **kept
         )
@@ -164,7 +169,7 @@ class GenerateSession:
         self, strategy: CacheStrategy, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int
     ) -> MeasuredCall:
         """One measured call of any shape (a workload's request, or a padded batch of them)."""
-        own_cache = self.keeps_cache(strategy) and ids.shape == self.inputs.shape
+        own_cache = self.keeps_cache(strategy) and self.fits_kept(ids)
         config = self.generation_config(strategy, own_cache=own_cache)  # host work, untimed
         config.max_new_tokens = new_tokens
         self.peak_memory.start()

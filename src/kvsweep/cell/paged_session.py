@@ -10,6 +10,8 @@ otherwise stay counted), and the pages in use are read after each scheduling ste
 Every other strategy of the cell (the dynamic baseline of the quality check) runs through `generate` as usual.
 """
 
+import contextlib
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +51,7 @@ class PagedSession(GenerateSession):
         self.manager: Any = None
         self.calls = 0
         self.peak_blocks = 0
+        self.peak_lock = threading.Lock()
         self.attention = ""
 
     def _pool(self, strategy: CacheStrategy) -> PagedPool:
@@ -68,6 +71,7 @@ class PagedSession(GenerateSession):
             max_batch_tokens=pool.max_batch_tokens,
             allow_block_sharing=False,
             max_memory_percent=1.0,  # the pool is sized here; only a pool larger than the machine is refused
+            auto_switch_to_flash=False,  # the model's own attention: no kernel fetched from the Hub on some nodes
         )
         manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
         manager.warmup()  # builds the pool and the batch processor the generation thread then reuses
@@ -77,7 +81,8 @@ class PagedSession(GenerateSession):
         def prepare_next_batch(*args: Any, **kwargs: Any) -> Any:
             """Pages are taken when a step is scheduled: read how many are in use right after."""
             out = scheduled(*args, **kwargs)
-            self.peak_blocks = max(self.peak_blocks, _blocks_in_use(processor.cache))
+            with self.peak_lock:  # the main thread zeroes it between calls
+                self.peak_blocks = max(self.peak_blocks, _blocks_in_use(processor.cache))
             self.attention = str(getattr(self.model.config, "_attn_implementation", ""))
             return out
 
@@ -87,9 +92,16 @@ class PagedSession(GenerateSession):
         return manager
 
     def close(self) -> None:
+        """Stops the manager without waiting on requests still in flight (after an error there may be some); a
+        stop that fails is not allowed to replace the cell's own error."""
         if self.manager is not None:
-            self.manager.stop(block=True, timeout=60)
-            self.manager = None
+            manager, self.manager = self.manager, None
+            with contextlib.suppress(Exception):
+                manager.stop(block=True, timeout=60, hard_stop=True)
+
+    def reset_peak(self) -> None:
+        with self.peak_lock:
+            self.peak_blocks = 0
 
     def _inject_fault(self) -> None:
         """A test's fault (oom, error, hang, exit) fires as it would at a `generate` call's first token:
@@ -105,11 +117,20 @@ class PagedSession(GenerateSession):
         for request_id, prompt, new_tokens in items:
             manager.add_request(prompt, request_id=request_id, max_new_tokens=new_tokens, record_timestamps=True)
 
-    def next_result(self) -> Any:
-        """The next finished request; a failed one or none in time is an error, never a missing sample."""
+    def next_result(self, timeout: float | None = None) -> Any:
+        """The next finished request, or None when `timeout` passes first; a failed request, or none within
+        `RESULT_TIMEOUT_S` of waiting, is an error, never a missing sample."""
+        if timeout is not None and timeout < RESULT_TIMEOUT_S:
+            return self._checked(self.manager.get_result(timeout=timeout))
         out = self.manager.get_result(timeout=RESULT_TIMEOUT_S)
         if out is None:
             raise TimeoutError(f"continuous batching returned no request within {RESULT_TIMEOUT_S:g} s")
+        return self._checked(out)
+
+    @staticmethod
+    def _checked(out: Any) -> Any:
+        if out is None:
+            return None
         if out.error:
             raise RuntimeError(f"continuous batching failed request {out.request_id}: {out.error}")
         return out
@@ -149,7 +170,7 @@ class PagedSession(GenerateSession):
         if strategy.family != "paged":
             return super().call(strategy)
         self._start(strategy)
-        self.peak_blocks = 0
+        self.reset_peak()
         self.peak_memory.start()
         try:
             started, outs = self._requests(strategy, self.inputs.cpu(), self.cell.max_new_tokens)
@@ -177,8 +198,9 @@ class PagedSession(GenerateSession):
 
     @torch.inference_mode()
     def answer(self, strategy: CacheStrategy, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Task trials through the same manager: a row may need more tokens than the cell's request, so each
-        answer is its own request, capped to what the pool was sized for."""
+        """Task trials through the same manager, each prompt its own request; an answer longer than the cell's
+        request waits for pages another row frees (continuous batching queues it), and one longer than the whole
+        pool fails the trial as an error."""
         if strategy.family != "paged":
             return super().answer(strategy, ids, new_tokens)
         _, outs = self._requests(strategy, ids.cpu(), new_tokens)

@@ -179,13 +179,16 @@ def _measure_workload_cell(
     vocab = loaded.model.config.vocab_size
     positions = loaded.shape.max_positions
     strategy = get_strategy(request.cell.cache)
-    metrics, samples, _ = measure_workload(
+    metrics, samples, tags = measure_workload(
         session, strategy, protocol.workload, positions, vocab, protocol.measure.seed
     )
     on_phase("measured")
     result.metrics.update(metrics)
     result.samples.update(samples)
-    result.tags[ResultTag.QUALITY] = "not measured: a workload cell times its requests (quality: fixed-shape cells)"
+    result.tags.update(tags)
+    result.tags[ResultTag.QUALITY] = (
+        "not measured in the cell: the report compares its requests' tokens with the dynamic cell's"
+    )
 
 
 def _measure_calls(

@@ -7,13 +7,13 @@ server must size it, and every request runs in it (`static_unused_share` says wh
 """
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.cell.checks import check_cache
+from kvsweep.cell.checks import check_cache, check_no_recapture
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.paged_session import PagedSession
 from kvsweep.cell.workload_replay import Replay, RequestTimes, prompt_ids, replay_generate, replay_paged
@@ -22,7 +22,7 @@ from kvsweep.measure.cache_identity import KvBytes
 from kvsweep.measure.phase_meters import compile_events
 from kvsweep.measure.sampling import TokenTimes
 from kvsweep.measure.statistics import interval_metrics
-from kvsweep.names import WORKLOAD_PERCENTILES, Metric, ci_high, ci_low
+from kvsweep.names import WORKLOAD_PERCENTILES, Metric, ResultTag, ci_high, ci_low
 from kvsweep.workload.latency_stats import (
     RequestTiming,
     goodput,
@@ -36,9 +36,11 @@ PERCENTILES = (50, 90, 99)
 
 
 def served_strategy(strategy: CacheStrategy, cell: Cell) -> CacheStrategy:
-    """A static cache under a mix is sized for its longest request (the cell's cached tokens), for every request."""
-    if strategy.family == "static" and strategy.reserve_tokens is None:
-        return strategy.reserving(cell.cached_tokens)
+    """A static layout under a mix (static, offloaded_static, `@N`) is sized for its worst moment (the cell's
+    cached tokens: its longest request, or its longest batch) or its `@N` if longer, for every request; a paged
+    pool is sized by `paged_pool` already."""
+    if strategy.preallocates and strategy.family != "paged":
+        return replace(strategy, reserve_tokens=strategy.static_length(cell.cached_tokens))  # its name kept
     return strategy
 
 
@@ -65,16 +67,20 @@ def measure_workload(
         metrics[Metric.COMPILE_S] = max(0.0, cold_s - replay.span_s)
         metrics[Metric.COMPILE_RECAPTURES] = float(compile_events() - compiled_before)
         del cold
+        check_no_recapture(int(metrics[Metric.COMPILE_RECAPTURES]))  # after recording: the numbers stay, the cell fails
     metrics |= request_metrics(replay.requests, replay.span_s, spec)
     metrics |= memory_metrics(replay.calls)
-    if served.preallocates and served.family == "static":
-        metrics[Metric.STATIC_UNUSED_SHARE] = static_unused_share(mix, cell.cached_tokens, cell.batch_size)
-    if cell.serving == BATCHED:
+    if served.preallocates and served.family != "paged":
+        reserved = served.static_length(cell.cached_tokens)
+        metrics[Metric.STATIC_UNUSED_SHARE] = static_unused_share(mix, reserved, cell.batch_size)
+    if cell.serving == BATCHED and served.family != "paged":  # continuous batching pads nothing
         metrics[Metric.PADDING_SHARE] = padding_share(mix, cell.batch_size)
     samples = {"requests": [asdict(r) for r in replay.requests], "mix_sha256": mix.sha256}
     tags = {}
-    if replay.calls and replay.calls[-1].paged is not None:
-        tags = {"pool": replay.calls[-1].paged.pool.describe()}
+    if replay.calls and (paged := replay.calls[-1].paged) is not None:
+        tags[ResultTag.PAGED_POOL] = f"{paged.pool.describe()} usable_blocks={paged.usable_blocks} " + (
+            f"attention={paged.attention}"
+        )
     return metrics, samples, tags
 
 
@@ -95,7 +101,7 @@ def _replay_paged(
     """Continuous batching: the replay's memory and pool are read around the whole of it, as one call."""
     session._start(strategy)
     session.calls += 1
-    session.peak_blocks = 0
+    session.reset_peak()
     session.peak_memory.start()
     try:
         timed, span = replay_paged(

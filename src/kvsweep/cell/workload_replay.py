@@ -2,7 +2,9 @@
 
 Closed loop (no arrival times): a request arrives when the one before it (sequential), its batch's turn
 (batched) or a free slot (continuous) lets it in. Open loop (a trace's times or Poisson arrivals): it arrives at
-its time after the replay starts, and TTFT and end-to-end time include waiting for the server (`queue_ms`).
+its time after the replay starts and is sent as soon as the server has room (sequential: the one before it done;
+batched: its whole batch arrived and the batch before it done; continuous: a free slot), and TTFT and end-to-end
+time include that wait (`queue_ms`).
 
 `generate` serves sequential and batched modes: a batch of B consecutive requests is left-padded to its longest
 prompt, as `generate` pads, and runs to its longest output; each row's own times end at its own last token.
@@ -94,7 +96,9 @@ def replay_generate(
         call = session.call_request(strategy, ids.to(device), mask.to(device), new)
         check(call)
         calls.append(call)
-        stamps = _token_offsets_ms(call)
+        # offsets from the call's clock; what came before it (the call's config, the memory meter) is the request's
+        setup = (session.clock.start_ns * 1e-9 - sent) * 1e3
+        stamps = [setup + t for t in _token_offsets_ms(call)]
         for row, i in enumerate(group):
             arrived = arrivals[i] if arrivals[i] is not None else sent
             queue_ms = (sent - arrived) * 1e3
@@ -142,7 +146,7 @@ def in_flight_limit(serving: str, batch: int) -> int:
 
 def replay_paged(
     manager_requests: Callable[[list[tuple[str, list[int], int]]], None],
-    results: Callable[[], object],
+    results: Callable[[float | None], object],
     requests: Sequence[Request],
     prompts: Sequence[list[int]],
     serving: str,
@@ -150,7 +154,9 @@ def replay_paged(
     tag: str,
 ) -> tuple[list[RequestTimes], float]:
     """Every mode through continuous batching: `manager_requests` adds (id, prompt, new tokens) requests,
-    `results` blocks for the next finished output. Per-request times come from the manager's own stamps."""
+    `results(timeout)` waits for the next finished output (None when the timeout passes first: a request that
+    arrives meanwhile is sent at its time, not when another finishes). Per-request times come from the manager's
+    own stamps."""
     limit = in_flight_limit(serving, batch)
     start = time.perf_counter()
     arrivals = _arrivals(requests, start)
@@ -172,7 +178,11 @@ def replay_paged(
             group = waiting[:limit] if serving == BATCHED else waiting[:1]
             _wait_until(max((a for a in (arrivals[i] for i in group) if a is not None), default=time.perf_counter()))
             continue
-        out = results()
+        upcoming = [arrivals[i] for i in waiting if arrivals[i] is not None]
+        room = serving != BATCHED and len(in_flight) < limit
+        out = results(max(0.0, min(upcoming) - time.perf_counter()) if upcoming and room else None)
+        if out is None:
+            continue
         index = int(str(out.request_id).rsplit("-", 1)[1])  # type: ignore[attr-defined]
         in_flight.discard(index)
         stamps = out.timestamps  # type: ignore[attr-defined]

@@ -1,9 +1,10 @@
 """A workload sweep's cells: one per model, weights, dtype, cache, compile, serving mode and B, each replaying
 the sweep's request mix.
 
-A cell's context and new tokens are the mix's longest prompt and what the longest request adds to it, so the
-planner fits the mix's worst moment as it fits a fixed-shape cell: the longest request for sequential serving, B
-rows of it for batched, the page pool for continuous (all B requests in flight at their longest). Sequential serving
+A cell's context is the mix's longest prompt and its new tokens what the worst moment adds to it, so the planner
+fits that moment as it fits a fixed-shape cell: the longest request for sequential and continuous serving (the
+page pool holds B rows of it), and for batched the worst static batch (every row padded to the batch's longest
+prompt and run to its longest output, as `generate` runs a batch), B rows of it. Sequential serving
 is B = 1 whatever `grid.batch_sizes` says. Continuous batching is Transformers' paged engine: another cache under
 it is planned as skipped, saying so.
 """
@@ -18,7 +19,7 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
 from kvsweep.inputs.spec import RANDOM
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.workload.request_mix import RequestMix, WorkloadError
-from kvsweep.workload.workload_spec import CONTINUOUS, SEQUENTIAL, TRACE, WorkloadSpec, fitted
+from kvsweep.workload.workload_spec import BATCHED, CONTINUOUS, SEQUENTIAL, TRACE, WorkloadSpec, fitted
 
 NOT_CONTINUOUS = "continuous serving is Transformers' continuous batching over its paged cache: use cache paged"
 
@@ -54,12 +55,19 @@ def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadS
         if compiled and not get_strategy(cache).compilable:
             continue
         mix = model_mix(workload, positions.get(model))
-        context = mix.longest_input
-        new = mix.longest_total - context  # so the cell caches the longest request's tokens, as static reserves
         rows = 1 if mode == SEQUENTIAL else batch
+        context = mix.longest_input
+        new = worst_total(mix, rows if mode == BATCHED else 1) - context  # the cell caches the worst moment's tokens
         cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), RANDOM, weights, workload.name, mode)
         cells.setdefault(cell, None)
     return list(cells)
+
+
+def worst_total(mix: RequestMix, rows: int) -> int:
+    """The most positions a row needs: a request's prompt and output; in static batches of `rows` consecutive
+    requests, every row padded to its batch's longest prompt and run to its longest output, as `generate` runs."""
+    groups = [mix.requests[i : i + rows] for i in range(0, len(mix.requests), rows)]
+    return max(max(r.input_tokens for r in g) + max(r.output_tokens for r in g) for g in groups)
 
 
 def serving_problem(planned: PlannedCell) -> PlannedCell:

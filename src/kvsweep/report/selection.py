@@ -28,6 +28,7 @@ TIE_RULE = "tie broken by least memory, then the simpler strategy"
 GroupKey = tuple[str, str, int, int, int, str, str, str]
 MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
 TIMING_LABELS = {metric: metric.removesuffix("_ms").upper() for metric in RANK_BY}  # TPOT, TTFT, E2E
+TIMING_LABELS |= {f"{metric}_p90": f"{label} p90" for metric, label in TIMING_LABELS.items()}  # a workload's rank
 _DEFAULTS = ReportConfig()  # the schema's `report` section: every default below is read from it
 
 
@@ -223,9 +224,10 @@ def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings
     dynamic = next((e for e in entries if e.result is baseline), None)
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:
-            entry.deltas = _deltas(entry.result, dynamic.result, basis, settings.rank_by)
-            entry.errors = _errors(entry.result, dynamic.result, settings.rank_by)
-            slower = entry.deltas.get(settings.rank_by, 0.0) > 0
+            ranked = ranked_metric(entry.result, settings.rank_by)  # a workload's p90: what it was ranked by
+            entry.deltas = _deltas(entry.result, dynamic.result, basis, ranked)
+            entry.errors = _errors(entry.result, dynamic.result, ranked)
+            slower = entry.deltas.get(ranked, 0.0) > 0
             entry.advice = entry.advice or slow_quantized_advice(entry.result.cell.cache, slower, True)
     decision = Decision(key, entries, basis, settings)
     eligible = sorted((e for e in entries if e.eligible), key=lambda e: e.speed)

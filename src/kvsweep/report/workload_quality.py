@@ -31,23 +31,30 @@ def mix_agreement(tokens: list[list[int]], baseline: list[list[int]]) -> tuple[f
 
 
 def fill_agreement(results: list[CellResult]) -> None:
-    """Each ok workload cell with its requests' tokens, against its group's dynamic cell (left alone without)."""
-    groups: dict[tuple, list[CellResult]] = defaultdict(list)
+    """Each ok workload cell with its requests' tokens, against the same mix's dynamic cell (eager): of its own
+    serving mode and B when there is one, else any (greedy tokens do not depend on how requests were served, and
+    continuous serving has no dynamic cell). Left alone without one."""
+    mixes: dict[tuple, list[CellResult]] = defaultdict(list)
     for result in results:
         if result.cell.is_workload and result.status == OK and _tokens(result):
-            groups[group_key(result)].append(result)
-    for cells in groups.values():
-        dynamic = next((r for r in cells if r.cell.cache == BASELINE and not r.cell.compile), None)
-        if dynamic is None:
-            continue
-        baseline = _tokens(dynamic)
+            c = result.cell
+            mixes[(c.model, c.dtype, c.weights, c.workload)].append(result)
+    for cells in mixes.values():
+        dynamic = [r for r in cells if r.cell.cache == BASELINE and not r.cell.compile]
         for result in cells:
-            mine = _tokens(result)
-            if Metric.TOKEN_AGREEMENT in result.metrics or [len(t) for t in mine] != [len(t) for t in baseline]:
-                continue
-            share, first = mix_agreement(mine, baseline)
-            result.metrics[Metric.TOKEN_AGREEMENT] = share
-            result.metrics[Metric.FIRST_DIVERGENCE] = float(first)
+            same = [r for r in dynamic if group_key(r) == group_key(result)]
+            baseline = (same or dynamic or [None])[0]
+            if baseline is not None:
+                _fill(result, _tokens(baseline))
+
+
+def _fill(result: CellResult, baseline: list[list[int]]) -> None:
+    mine = _tokens(result)
+    if Metric.TOKEN_AGREEMENT in result.metrics or [len(t) for t in mine] != [len(t) for t in baseline]:
+        return
+    share, first = mix_agreement(mine, baseline)
+    result.metrics[Metric.TOKEN_AGREEMENT] = share
+    result.metrics[Metric.FIRST_DIVERGENCE] = float(first)
 
 
 def _tokens(result: CellResult) -> list[list[int]]:

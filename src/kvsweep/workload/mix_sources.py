@@ -219,7 +219,8 @@ def _trace_arrival(row: dict, where: str, previous: float | None) -> float:
 def trace_mix(path: str, requests: int | None, max_positions: int | None) -> RequestMix:
     """The first `requests` requests of a JSONL trace (all with None); fewer when the file has fewer: check len().
 
-    Lines after the last request taken are not read, so a long trace's tail costs nothing.
+    Lines after the last request taken are not parsed (the file is read whole), so a malformed tail past them is
+    not an error.
     """
     _check_count(requests)
     try:
@@ -270,8 +271,8 @@ def poisson_arrivals(mix: RequestMix, rate_per_s: float, seed: int) -> RequestMi
     Open-loop arrivals like a real service's: a request never waits for the one before it to be sent.
     """
     if isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float) or not 0 < rate_per_s < math.inf:
-        raise WorkloadError(f"workload.rate_per_s must be a positive number, got {rate_per_s!r}")
-    rng = random.Random(seed)
+        raise WorkloadError(f"workload.rate must be a positive number, got {rate_per_s!r}")
+    rng = random.Random(f"kvsweep-arrivals:{seed}")  # not the lengths' stream: gaps independent of lengths
     now, timed = 0.0, []
     for index, request in enumerate(mix.requests):
         if index:

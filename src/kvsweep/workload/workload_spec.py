@@ -95,7 +95,13 @@ def workload_from_config(workload: Any, seed: int, slo: Any = None) -> WorkloadS
             raise WorkloadError("workload.source=trace needs workload.path (a JSONL of input_tokens, output_tokens)")
         mix = trace_mix(workload.path, workload.requests, max_positions=None)
     if workload.rate > 0:
+        if mix.requests[0].arrival_s is not None:
+            raise WorkloadError(
+                f"workload.rate={workload.rate:g} would replace the arrival times of {workload.path}; drop one of them"
+            )
         mix = poisson_arrivals(mix, workload.rate, seed)
+    if not workload.serving:
+        raise WorkloadError("workload.serving is empty; give at least one of " + ", ".join(SERVING_MODES))
     for mode in workload.serving:
         if mode not in SERVING_MODES:
             raise WorkloadError(f"workload.serving: unknown mode {mode!r}; allowed: {', '.join(SERVING_MODES)}")
