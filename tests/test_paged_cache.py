@@ -6,6 +6,7 @@ caches, and the timing from a loop that drives a second manager step by step und
 
 import pytest
 import torch
+from transformers import LogitsProcessorList
 
 from kvsweep.caches import get_strategy
 from kvsweep.grid import Cell
@@ -130,3 +131,26 @@ def test_the_cells_clock_agrees_with_transformers_generate_batch():
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     assert 0.5 < median(cell_ttft) / median(reference_ttft) < 2.0, (cell_ttft, reference_ttft)
     assert 0.6 < median(cell_tpot) / median(reference_tpot) < 1.6, (cell_tpot, reference_tpot)
+
+
+def test_generate_beside_the_manager_runs_the_models_own_attention():
+    """Continuous batching switches an eager model to `paged|eager` for as long as its manager lives; the dynamic
+    baseline the quality check runs beside it must see the model's own attention, and the manager its own after."""
+    from kvsweep.cell.paged_session import PagedSession
+
+    cell = Cell("tiny-llama", "float32", 64, 1, 4, "paged", False)
+    model = build_model(classify("tiny-llama"), "float32", "cpu", seed=0)
+    model.set_attn_implementation("eager")
+    inputs = torch.randint(0, model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0))
+    session = PagedSession(model, inputs, cell, "cpu", None)
+    try:
+        session.call(get_strategy("paged"))
+        assert model.config._attn_implementation == "paged|eager"  # what the manager runs
+        with session.model_attention():
+            assert model.config._attn_implementation == "eager"
+        assert model.config._attn_implementation == "paged|eager"
+        tokens = session.generate_with(get_strategy("dynamic"), LogitsProcessorList())
+        assert tokens.shape == (1, 4)
+        assert model.config._attn_implementation == "paged|eager"
+    finally:
+        session.close()

@@ -13,6 +13,7 @@ Every other strategy of the cell (the dynamic baseline of the quality check) run
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class PagedSession(GenerateSession):
     def _pool(self, strategy: CacheStrategy) -> PagedPool:
         return pool_for(strategy, self.cell.batch_size, self.cell.context_length, self.cell.cached_tokens)
 
-    def _start(self, strategy: CacheStrategy) -> Any:
+    def started(self, strategy: CacheStrategy) -> Any:
         """The manager, built and started on the first call: pool, warmup and thread before any clock runs."""
         if self.manager is not None:
             return self.manager
@@ -99,6 +100,26 @@ class PagedSession(GenerateSession):
             with contextlib.suppress(Exception):
                 manager.stop(block=True, timeout=60, hard_stop=True)
 
+    @contextlib.contextmanager
+    def model_attention(self) -> Iterator[None]:
+        """The model's own attention for a `generate` call beside the manager (the dynamic baseline of the quality
+        check): continuous batching switches an eager model to `paged|eager` until it stops, and its thread only
+        idles between this cell's calls."""
+        original = getattr(self.manager, "_original_attn_impl", None) if self.manager is not None else None
+        if original is None:
+            yield
+            return
+        switched = self.model.config._attn_implementation
+        self.model.set_attn_implementation(original)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(switched)
+
+    def _generate(self, strategy: CacheStrategy, *args: Any, **kwargs: Any) -> Any:
+        with self.model_attention():
+            return super()._generate(strategy, *args, **kwargs)
+
     def reset_peak(self) -> None:
         with self.peak_lock:
             self.peak_blocks = 0
@@ -112,7 +133,7 @@ class PagedSession(GenerateSession):
 
     def add_requests(self, strategy: CacheStrategy, items: list[tuple[str, list[int], int]]) -> None:
         """Requests of a workload replay: (id, prompt ids, tokens to generate), each timestamped by the manager."""
-        manager = self._start(strategy)
+        manager = self.started(strategy)
         self._inject_fault()
         for request_id, prompt, new_tokens in items:
             manager.add_request(prompt, request_id=request_id, max_new_tokens=new_tokens, record_timestamps=True)
@@ -143,7 +164,7 @@ class PagedSession(GenerateSession):
 
     def _requests(self, strategy: CacheStrategy, rows: torch.Tensor, new_tokens: int) -> tuple[float, list[Any]]:
         """Adds each row as a request and waits for all; (when the first was added, the finished outputs)."""
-        manager = self._start(strategy)
+        manager = self.started(strategy)
         self._inject_fault()
         self.calls += 1
         ids = [f"call{self.calls}-row{i}" for i in range(rows.shape[0])]
@@ -169,7 +190,7 @@ class PagedSession(GenerateSession):
     def call(self, strategy: CacheStrategy) -> MeasuredCall:
         if strategy.family != "paged":
             return super().call(strategy)
-        self._start(strategy)
+        self.started(strategy)
         self.reset_peak()
         self.peak_memory.start()
         try:
@@ -202,7 +223,8 @@ class PagedSession(GenerateSession):
         request waits for pages another row frees (continuous batching queues it), and one longer than the whole
         pool fails the trial as an error."""
         if strategy.family != "paged":
-            return super().answer(strategy, ids, new_tokens)
+            with self.model_attention():
+                return super().answer(strategy, ids, new_tokens)
         _, outs = self._requests(strategy, ids.cpu(), new_tokens)
         return torch.tensor([out.generated_tokens for out in outs])
 

@@ -2,8 +2,9 @@
 
 The mix is the sweep's, fitted to this model's positions as the planner fitted it. Its first requests are replayed
 once, uncounted, as the warmup; a compiled cell first replays the whole mix cold (every new prompt shape compiles:
-`recompiles`, `compile_s`), then the measured replay. A static cache is sized for the mix's longest request, as a
-server must size it, and every request runs in it (`static_unused_share` says what that reserves unused).
+`recompiles`, `compile_s`), then the measured replay. A static layout is sized for the mix's worst moment (its
+longest request; in batched serving its worst batch), as a server must size it, and every request runs in it
+(`static_unused_share` says what that reserves unused).
 """
 
 import time
@@ -99,7 +100,7 @@ def _replay_paged(
     session: PagedSession, strategy: CacheStrategy, requests: Any, prompts: list[list[int]], cell: Cell
 ) -> Replay:
     """Continuous batching: the replay's memory and pool are read around the whole of it, as one call."""
-    session._start(strategy)
+    session.started(strategy)
     session.calls += 1
     session.reset_peak()
     session.peak_memory.start()
