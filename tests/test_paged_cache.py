@@ -16,6 +16,7 @@ from kvsweep.models.resolve import classify
 from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.cell_plan import plan_cell
 from kvsweep.plan.memory_fit import estimate_peak
+from kvsweep_testkit.paged import generate_batch_times
 
 # tiny-llama: 4 layers, 2 KV heads of 32; one float32 token of every layer's K and V = 2 x 4 x 2 x 32 x 4 bytes
 TOKEN_BYTES = 2048
@@ -73,35 +74,6 @@ def test_the_planner_fits_the_pool_and_its_mask():
     assert with_mask.peak_bytes - with_mask.kv_device_bytes - (dynamic.peak_bytes - dynamic.kv_device_bytes) == mask
 
 
-def _generate_batch(model, rows: list[list[int]], new: int) -> tuple[float, float]:
-    """(TTFT ms, TPOT ms) of one `generate_batch` call on the same pool, from its outputs' own stamps: the call
-    Transformers offers for a batch, its manager started and stopped around it."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    pages = len(rows) * -(-(len(rows[0]) + new - 1) // PAGE)  # each row's cached tokens in whole pages
-    config = ContinuousBatchingConfig(
-        page_size=PAGE,
-        num_blocks=pages,
-        max_batch_tokens=sum(map(len, rows)),
-        allow_block_sharing=False,
-        max_memory_percent=1.0,
-        auto_switch_to_flash=False,
-    )
-    generation = GenerationConfig(do_sample=False, max_new_tokens=new, eos_token_id=-1)
-    outputs = list(
-        model.generate_batch(
-            rows,
-            generation_config=generation,
-            continuous_batching_config=config,
-            record_timestamps=True,
-            progress_bar=False,
-        ).values()
-    )
-    stamps = [max(o.timestamps[k] for o in outputs) for k in range(new)]  # when the last row had token k
-    started = min(o.created_time for o in outputs)
-    return (stamps[0] - started) * 1e3, (stamps[-1] - stamps[0]) / (new - 1) * 1e3
-
-
 @pytest.mark.slow
 def test_the_cells_clock_agrees_with_transformers_generate_batch():
     """The session's TTFT and TPOT (its one manager serving every call) against `generate_batch` on the same
@@ -116,14 +88,14 @@ def test_the_cells_clock_agrees_with_transformers_generate_batch():
     session = PagedSession(model, inputs, cell, "cpu", None)
     strategy = get_strategy("paged")
     session.call(strategy)  # the manager starts, as a cell's cold call does
-    _generate_batch(model, inputs.tolist(), 16)
+    generate_batch_times(model, inputs.tolist(), 16)
     cell_ttft, cell_tpot, reference_ttft, reference_tpot = [], [], [], []
     try:
         for _ in range(7):
             call = session.call(strategy)
             cell_ttft.append(call.times.ttft_ms)
             cell_tpot.append(call.times.tpot_ms)
-            ttft, tpot = _generate_batch(model, inputs.tolist(), 16)
+            ttft, tpot = generate_batch_times(model, inputs.tolist(), 16)
             reference_ttft.append(ttft)
             reference_tpot.append(tpot)
     finally:

@@ -11,7 +11,6 @@ so drift on a shared machine hits every side alike.
 """
 
 import argparse
-import itertools
 import os
 import sys
 import time
@@ -19,18 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import ContinuousBatchingConfig, GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import Section, fmt, markdown_table, median, ratio
-from kvsweep.caches import get_strategy
-from kvsweep.caches.paged_pool import pool_for
 from kvsweep.cell.call_inputs import random_ids
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.build import build_model
 from kvsweep.models.resolve import classify
 from kvsweep_testkit.cells import measure_cell
+from kvsweep_testkit.paged import generate_batch_times, stepped_times
 
 TITLE = "Paged fidelity: a paged cell's clock against Transformers' generate_batch"
 MODEL, DTYPE, CONTEXT, NEW, BATCH, SEED = "tiny-llama", "float32", 256, 32, 2, 0
@@ -49,58 +46,11 @@ def kvsweep_block(repeats: int, threads: int) -> dict[str, float]:
 
 
 def stepped_call(model: Any, rows: list[list[int]]) -> tuple[float, float]:
-    """One batch through a manager driven step by step, each step stamped here: (TTFT ms, TPOT ms)."""
-    pool = pool_for(get_strategy("paged"), BATCH, CONTEXT, cell().cached_tokens)  # the cell's own pool
-    config = ContinuousBatchingConfig(
-        page_size=pool.page_size,
-        num_blocks=pool.blocks,
-        max_batch_tokens=pool.max_batch_tokens,
-        allow_block_sharing=False,
-        max_memory_percent=1.0,
-    )
-    generation = GenerationConfig(do_sample=False, max_new_tokens=NEW, eos_token_id=-1)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    processor = manager.batch_processor = manager._create_batch_processor()
-    stamps = []
-    with torch.inference_mode():
-        started = time.perf_counter()
-        for i, row in enumerate(rows):
-            manager.add_request(row, request_id=f"r{i}", max_new_tokens=NEW)
-        while processor.prepare_next_batch():
-            manager._generation_step()
-            processor.update_batch()
-            stamps.append(time.perf_counter())
-    manager.stop()
-    if len(stamps) != NEW:
-        raise RuntimeError(f"the stepped loop took {len(stamps)} steps for {NEW} tokens a row")
-    gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    return (stamps[0] - started) * 1e3, sum(gaps) / len(gaps) * 1e3  # a call's TPOT: its mean gap, as the cell's
+    return stepped_times(model, rows, NEW)
 
 
 def batch_call(model: Any, rows: list[list[int]]) -> tuple[float, float]:
-    """One `generate_batch` call, timed from its outputs' stamps as the cell times its calls: (TTFT ms, TPOT ms)."""
-    pool = pool_for(get_strategy("paged"), BATCH, CONTEXT, cell().cached_tokens)
-    config = ContinuousBatchingConfig(
-        page_size=pool.page_size,
-        num_blocks=pool.blocks,
-        max_batch_tokens=pool.max_batch_tokens,
-        allow_block_sharing=False,
-        max_memory_percent=1.0,
-        auto_switch_to_flash=False,
-    )
-    generation = GenerationConfig(do_sample=False, max_new_tokens=NEW, eos_token_id=-1)
-    outputs = list(
-        model.generate_batch(
-            rows,
-            generation_config=generation,
-            continuous_batching_config=config,
-            record_timestamps=True,
-            progress_bar=False,
-        ).values()
-    )
-    stamps = [max(o.timestamps[k] for o in outputs) for k in range(NEW)]
-    started = min(o.created_time for o in outputs)
-    return (stamps[0] - started) * 1e3, (stamps[-1] - stamps[0]) / (NEW - 1) * 1e3
+    return generate_batch_times(model, rows, NEW)
 
 
 def block(call: Any, model: Any, rows: list[list[int]], repeats: int) -> dict[str, float]:

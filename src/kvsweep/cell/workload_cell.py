@@ -141,10 +141,10 @@ def request_metrics(requests: list[RequestTimes], span_s: float, spec: WorkloadS
             metrics[name] = estimate.value
             if estimate.ci_low is not None and estimate.ci_high is not None:
                 metrics[ci_low(name)], metrics[ci_high(name)] = estimate.ci_low, estimate.ci_high
-    for plain, (p50, _, _) in zip((Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS), WORKLOAD_PERCENTILES, strict=True):
-        if p50 in metrics:
-            metrics[plain] = metrics[p50]
-            metrics |= {k: v for k, v in interval_metrics(plain, series_of(series, p50)).items() if k != plain}
+    for plain, (names, values) in zip((Metric.TTFT_MS, Metric.TPOT_MS, Metric.E2E_MS), series.items(), strict=True):
+        if values:  # the median under its plain name, with the interval plain cells carry
+            metrics[plain] = metrics[names[0]]
+            metrics |= {k: v for k, v in interval_metrics(plain, values).items() if k != plain}
     metrics[Metric.REQUESTS_PER_S] = len(requests) / span_s
     metrics[Metric.OUTPUT_TOKENS_PER_S] = sum(r.output_tokens for r in requests) / span_s
     metrics[Metric.REPEATS] = float(len(requests))
@@ -152,10 +152,6 @@ def request_metrics(requests: list[RequestTimes], span_s: float, spec: WorkloadS
         timings = [RequestTiming(r.ttft_ms, r.tpot_ms, r.e2e_ms) for r in requests]
         metrics[Metric.GOODPUT_REQUESTS_PER_S] = goodput(timings, spec.slo_ttft_ms, spec.slo_tpot_ms, span_s)
     return metrics
-
-
-def series_of(series: dict[tuple[str, str, str], list[float]], p50: str) -> list[float]:
-    return next(values for names, values in series.items() if names[0] == p50)
 
 
 def memory_metrics(calls: list[MeasuredCall]) -> dict[str, float]:
