@@ -246,3 +246,37 @@ def test_a_workload_caches_tokens_are_compared_with_dynamics_request_by_request(
     assert paged.metrics["token_agreement"] == 1.0 and paged.metrics["first_divergence"] == 4
     assert dynamic.metrics["token_agreement"] == 1.0
     assert "token_agreement" not in other_mix.metrics
+
+
+# Answer accuracies of 40 prompts with their Clopper-Pearson 95% intervals (worked out with scipy.stats.beta)
+ACCURACY_38_OF_40 = (0.95, 0.8308, 0.9939)
+ACCURACY_12_OF_40 = (0.30, 0.1656, 0.4653)
+
+
+def answered(accuracy):
+    value, low, high = accuracy
+    return {
+        "answer_accuracy": value,
+        "answer_accuracy_ci_low": low,
+        "answer_accuracy_ci_high": high,
+        "task_trials": 40.0,
+        "tpot_ms_p90": 10.0,
+    }
+
+
+def test_a_continuous_group_is_judged_by_the_mixs_dynamic_answers_from_another_serving_mode():
+    """Continuous serving runs only paged, so its group has no dynamic cell; the mix's sequential dynamic cell
+    answered the same prompts (greedy answers do not depend on how requests were served) and judges it."""
+    from kvsweep.report.selection import decide
+
+    results = [
+        workload("dynamic", serving="sequential", batch=1, metrics=answered(ACCURACY_38_OF_40)),
+        workload("paged", serving="sequential", batch=1, metrics=answered(ACCURACY_38_OF_40)),
+        workload("paged", metrics=answered(ACCURACY_12_OF_40)),  # continuous, B=4: far below dynamic's 0.95 [0.83-0.99]
+    ]
+    by_serving = {d.key[7]: d for d in decide(results, Settings())}
+    continuous = by_serving["continuous"].entries[0]
+    assert continuous.gate.refused and "answers 0.30" in continuous.gate.refusals[0]
+    assert by_serving["continuous"].pick is None  # its only cache lost the task: nothing to recommend
+    assert not by_serving["sequential"].entries[1].gate.refused  # paged at dynamic's accuracy is kept
+    assert continuous.deltas == {}  # served otherwise: its timings are not compared with the sequential dynamic

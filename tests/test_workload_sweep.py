@@ -175,11 +175,21 @@ def test_a_compiled_static_cache_over_a_mix_counts_its_compiles_and_when_they_pa
     mean_s = sum(saving) / len(saving) / 1e3
     selection = (run_dir / "report" / "selection.md").read_text()
     row = next(line for line in selection.splitlines() if line.startswith("| [static+compile]"))
+    # MLflow: the compiled cell's run carries the payback (a number of requests, or the tag alone saying never)
+    _, children = cell_runs(store)
+    run = next(c for c in children if c.data.params["compile"] == "true" and c.data.params["cache"] == "static")
     if mean_s <= 0:
         assert row.endswith("| never |")
+        assert run.data.tags["kvsweep.compile_payback"] == "never"
+        assert Metric.COMPILE_PAYBACK_REQUESTS not in run.data.metrics
     else:  # the mix is 6 requests: far fewer than a compile of seconds needs at a saving of milliseconds
         expected = -(-compiled.metrics[Metric.COMPILE_S] // mean_s)
         assert row.endswith(f"| {int(expected)} requests |"), (row, expected)
+        assert run.data.metrics[Metric.COMPILE_PAYBACK_REQUESTS] == expected
+        assert run.data.tags["kvsweep.compile_payback"] == f"{int(expected)} requests"
+    # ...and every cell that is not dynamic its token agreement with dynamic's answers to the same requests
+    agreement = {(c.data.params["cache"], c.data.params["compile"]): c.data.metrics for c in children}
+    assert Metric.TOKEN_AGREEMENT in agreement[("static", "false")] and Metric.TOKEN_AGREEMENT in run.data.metrics
 
 
 def test_a_static_batch_is_sized_for_its_longest_prompt_and_longest_output_together():

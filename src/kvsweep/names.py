@@ -39,6 +39,7 @@ class ResultTag:
     FRONTIER_LIMIT = "kvsweep.frontier_limit"  # what stopped that frontier: memory, slo_tpot, search.max_batch ...
     ENERGY = "kvsweep.energy"  # why joules_per_token is missing: "unknown: <reason>"
     MEMORY_LIMIT = "kvsweep.memory_limit"  # how measure.device_memory_limit_gb was applied in the cell
+    COMPILE_PAYBACK = "kvsweep.compile_payback"  # a compiled workload cell: "12 requests" | "never" | why not told
     PAGED_POOL = "kvsweep.paged_pool"  # a paged cell's pool and attention: "page_size=256 blocks=4 ... attention=sdpa"
 
 

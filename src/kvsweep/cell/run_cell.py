@@ -11,6 +11,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,7 +34,9 @@ from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.cell.workload_cell import measure_workload
+from kvsweep.cell.workload_text import encode_requests, score_answers
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
+from kvsweep.inputs.spec import RANDOM
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
 from kvsweep.measure.contention import HostEvidence, HostMeter
 from kvsweep.measure.energy import nvml_energy_counter
@@ -42,7 +45,7 @@ from kvsweep.measure.peak_memory import CudaMemory
 from kvsweep.measure.phase_meters import PhaseMeters, compile_events, cudagraph_skips
 from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
-from kvsweep.models.resolve import classify
+from kvsweep.models.resolve import classify, load_tokenizer
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
 from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
@@ -141,7 +144,9 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
         result.tags[ResultTag.PLACEMENT] = layers_text(loaded.split.loads)
         result.samples["placement"] = placement_record(loaded.split)
     model = loaded.model
-    feed = feed_for(source, protocol, model.config.vocab_size, trust_remote_code)
+    # A workload cell's calls are fed by its replay (workload_cell.py); the session's own ids are random ones.
+    fed = replace(source, inputs=RANDOM) if cell.is_workload else source
+    feed = feed_for(fed, protocol, model.config.vocab_size, trust_remote_code)
     if isinstance(feed, str):
         result.status, result.error = SKIPPED, feed
         return
@@ -155,7 +160,7 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
     )
     try:
         if cell.is_workload:
-            _measure_workload_cell(request, result, on_phase, session, loaded)
+            _measure_workload_cell(request, result, on_phase, session, loaded, source.model)
         else:
             _measure_calls(request, result, on_phase, session, feed, bandwidth, loaded)
     finally:
@@ -168,27 +173,37 @@ def _measure_workload_cell(
     on_phase: Callable[[str], None],
     session: GenerateSession,
     loaded: Loaded,
+    tokenizer_from: str,
 ) -> None:
-    """The sweep's request mix replayed through the cell's cache and serving mode (`workload_cell.py`)."""
-    protocol = request.protocol
-    if protocol.workload is None:
-        raise ValueError(f"workload cell {request.cell.label} but the sweep's protocol carries no workload")
-    if request.cell.compile and not session_on_cuda(protocol.device):
+    """The sweep's request mix replayed through the cell's cache and serving mode (`workload_cell.py`); a prompts
+    file's answers scored on what the requests generated (`workload_text.py`)."""
+    protocol, cell = request.protocol, request.cell
+    spec = protocol.workload
+    if spec is None:
+        raise ValueError(f"workload cell {cell.label} but the sweep's protocol carries no workload")
+    text = tokenizer = None
+    if spec.prompts is not None:  # before anything is timed: a tokenizer that disagrees fails the cell at once
+        tokenizer = load_tokenizer(classify(tokenizer_from), request.options.trust_remote_code)
+        text = encode_requests(spec.prompts, tokenizer, spec.prompts.lengths[cell.model])
+    if cell.compile and not session_on_cuda(protocol.device):
         session.compile_forward()
     on_phase("measuring")
     vocab = loaded.model.config.vocab_size
     positions = loaded.shape.max_positions
-    strategy = get_strategy(request.cell.cache)
-    metrics, samples, tags = measure_workload(
-        session, strategy, protocol.workload, positions, vocab, protocol.measure.seed
-    )
+    strategy = get_strategy(cell.cache)
+    metrics, samples, tags = measure_workload(session, strategy, spec, positions, vocab, protocol.measure.seed, text)
     on_phase("measured")
     result.metrics.update(metrics)
     result.samples.update(samples)
     result.tags.update(tags)
-    result.tags[ResultTag.QUALITY] = (
-        "not measured in the cell: the report compares its requests' tokens with the dynamic cell's"
-    )
+    quality = "not measured in the cell: the report compares its requests' tokens with the dynamic cell's"
+    if text is not None:
+        generated = [list(r["tokens"]) for r in samples["requests"]]
+        outcome = score_answers(text, generated, tokenizer, protocol.measure.seed)
+        result.metrics.update(outcome.metrics)
+        result.trials = list(outcome.trials)
+        quality = f"answers scored on the requests' own output; {quality.removeprefix('not measured in the cell: ')}"
+    result.tags[ResultTag.QUALITY] = quality
 
 
 def _measure_calls(

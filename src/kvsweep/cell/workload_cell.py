@@ -19,6 +19,7 @@ from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.paged_session import PagedSession
 from kvsweep.cell.workload_replay import Replay, RequestTimes, prompt_ids, replay_generate, replay_paged
 from kvsweep.grid import Cell
+from kvsweep.inputs.prompts import Prompt
 from kvsweep.measure.cache_identity import KvBytes
 from kvsweep.measure.phase_meters import compile_events
 from kvsweep.measure.sampling import TokenTimes
@@ -46,12 +47,19 @@ def served_strategy(strategy: CacheStrategy, cell: Cell) -> CacheStrategy:
 
 
 def measure_workload(
-    session: GenerateSession, strategy: CacheStrategy, spec: WorkloadSpec, positions: int | None, vocab: int, seed: int
+    session: GenerateSession,
+    strategy: CacheStrategy,
+    spec: WorkloadSpec,
+    positions: int | None,
+    vocab: int,
+    seed: int,
+    text: list[Prompt] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any], dict[str, str]]:
-    """(metrics, samples, tags) of the cell's replay of `spec`'s mix."""
+    """(metrics, samples, tags) of the cell's replay of `spec`'s mix; `text`: a prompts file's requests as encoded
+    here (`workload_text.py`), else every prompt is random ids."""
     cell = session.cell
-    mix = fitted(spec.mix, positions)
-    prompts = prompt_ids(mix.requests, vocab, seed)
+    mix = fitted(spec.mix_for(cell.model), positions)
+    prompts = [list(p.ids) for p in text] if text else prompt_ids(mix.requests, vocab, seed)
     served = served_strategy(strategy, cell)
     warm = mix.requests[: spec.warmup_requests]
     metrics: dict[str, float] = {}

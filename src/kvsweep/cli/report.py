@@ -93,7 +93,11 @@ def rebuild_report(
     )
     report = write_report(results, out or Path("kvsweep-report") / run_id, context)
     runs = {r.cell_id: r.environment["mlflow_run_id"] for r in results}
-    tag_runs(client, {runs[cid]: tags for cid, tags in report.run_tags.items() if cid in runs})
+    tag_runs(
+        client,
+        {runs[cid]: tags for cid, tags in report.run_tags.items() if cid in runs},
+        {runs[cid]: metrics for cid, metrics in report.run_metrics.items() if cid in runs},
+    )
     table = write_tables(results, report.folder)
     print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
     print(table)

@@ -151,7 +151,7 @@ def run(overrides: list[str]) -> int:
 
     composed = compose_config(overrides)
     check_gguf_models(composed.config.grid.models, composed.config.grid.weights)  # exit 2, before Ray
-    check_workload(composed.config.workload, composed.config.measure.seed)  # a trace's every line: exit 2
+    check_workload(composed.config)  # a trace's every line, a prompts file's every prompt encoded: exit 2
     inputs = choose_inputs(composed.config)  # a bad prompts file or a missing tokenizer: exit 2, nothing started
     if composed.config.dry_run:
         return dry_run(composed.config, inputs=inputs)

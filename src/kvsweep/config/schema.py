@@ -165,16 +165,21 @@ class SloConfig:
 class WorkloadConfig:
     source: str = setting(
         "",
-        "empty: the grid's fixed shapes; lengths (input_lengths/output_lengths drawn with measure.seed) or trace "
-        "(path): a mix of requests replayed through every cache instead of grid.context_lengths/max_new_tokens",
+        "empty: the grid's fixed shapes; lengths (input_lengths/output_lengths drawn with measure.seed), file "
+        "(path: your prompts, answers scored; output_lengths) or trace (path): a mix of requests replayed through "
+        "every cache instead of grid.context_lengths/max_new_tokens",
     )
     name: str = setting("", "the mix's name in params, plots and the selection (default: the source)")
     input_lengths: str = setting(
         "", "prompt lengths for source=lengths: fixed:128,512 | uniform:64-512 | lognormal:median=256,p99=2048"
     )
-    output_lengths: str = setting("", "generated tokens per request for source=lengths (same forms)")
-    path: str = setting("", "source=trace: JSONL, one {input_tokens, output_tokens[, arrival_s]} a line")
-    requests: int = setting(32, "requests in the mix (a trace's first N)", AT_LEAST_1)
+    output_lengths: str = setting("", "generated tokens per request for source=lengths or file (same forms)")
+    path: str = setting(
+        "",
+        "source=trace: JSONL, one {input_tokens, output_tokens[, arrival_s]} a line; source=file: prompts as "
+        "inputs.path takes them (.jsonl of prompt|messages[, answer], or .txt)",
+    )
+    requests: int = setting(32, "requests in the mix (a trace's or prompts file's first N)", AT_LEAST_1)
     serving: list[str] = setting(
         lambda: ["sequential"],
         "sequential (one at a time), batched (static batches of B, padded), continuous (B in flight: paged only); "

@@ -16,7 +16,7 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.units import DTYPE_BYTES as DTYPES
 from kvsweep.workload.request_mix import WorkloadError
-from kvsweep.workload.workload_spec import SERVING_MODES, TRACE, workload_from_config
+from kvsweep.workload.workload_spec import FILE, SERVING_MODES, TRACE, workload_from_config
 
 
 def validate(cfg: dict[str, Any], given: list[str] | None = None) -> None:
@@ -121,7 +121,7 @@ def _validate_search(search: dict[str, Any], slo: dict[str, Any], workload: bool
 
 def _validate_workload(cfg: dict[str, Any], given: list[str]) -> None:
     """A workload replaces the context and new-token axes, so setting those on the command line too would be
-    ignored: refused. What needs a file (a trace) is read by the command (`check_workload`)."""
+    ignored: refused. What needs a file (a trace, a prompts file) is read by the command (`check_workload`)."""
     workload = cfg["workload"]
     if not workload["source"]:
         return
@@ -133,7 +133,7 @@ def _validate_workload(cfg: dict[str, Any], given: list[str]) -> None:
             )
     if cfg["search"]["batch"] or cfg["search"]["contexts"]:
         raise ConfigError("a capacity search (search.*) and a workload cannot run in one sweep; drop one of them")
-    if workload["source"] != TRACE:
+    if workload["source"] not in (TRACE, FILE):
         try:
             workload_from_config(_Namespace(workload), seed=0)
         except WorkloadError as err:
@@ -151,11 +151,14 @@ class _Namespace:
         self.__dict__.update(values)
 
 
-def check_workload(workload: Any, seed: int) -> None:
-    """The workload as the sweep will draw it (a trace file read, every line checked): one line naming what is
-    wrong, before Ray starts. The command runs it, as it reads files (`--cfg job` reads none)."""
+def check_workload(cfg: Any) -> None:
+    """The workload as the sweep will draw it (a trace or prompts file read, every line checked; a prompts file
+    encoded by each model's tokenizer): one line naming what is wrong, before Ray starts. The command runs it, as
+    it reads files (`--cfg job` reads none)."""
+    from kvsweep.plan.sweep_plan import sweep_workload  # loads tokenizers for a prompts file: only when run
+
     try:
-        workload_from_config(workload, seed)
+        sweep_workload(cfg)
     except WorkloadError as err:
         raise ConfigError(str(err)) from None
 

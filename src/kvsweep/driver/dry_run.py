@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
-from kvsweep.driver.capacity_search import plan_searches, search_lines, search_text
+from kvsweep.driver.capacity_search import plan_searches, search_text
+from kvsweep.driver.first_lines import first_lines
 from kvsweep.plan.memory_fit import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
@@ -38,7 +39,7 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
     else:
         planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
         text = plan_text(planned, problems, device, limits)
-    fed = "\n".join([*inputs.lines(), *search_lines(cfg)])
+    fed = "\n".join(first_lines(cfg, inputs))
     print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}"), file=out or sys.stdout)
     return 0
 

@@ -47,7 +47,7 @@ def run_sweep(
     extensions, resume, run the jobs (recording each result), then the table, the report and the closing lines.
     `inputs`: the choice, when the caller made it already. Returns the exit code."""
     from kvsweep.driver import ray_session
-    from kvsweep.driver.capacity_search import search_lines
+    from kvsweep.driver.first_lines import first_lines
     from kvsweep.driver.hub_prefetch import fetch_for_sweep
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.native_builds import prebuild
@@ -56,7 +56,7 @@ def run_sweep(
 
     inputs, seams, say = inputs or choose_inputs(cfg), seams or Seams(), Lines(out or sys.stdout)
     uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts (it changes directory)
-    for line in [*inputs.lines(), *search_lines(cfg)]:
+    for line in first_lines(cfg, inputs):
         say(line)
     prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)

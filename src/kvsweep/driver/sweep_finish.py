@@ -37,7 +37,7 @@ def finish(sweep: "Sweep") -> int:
     selection = report.short_form if report else ""
     if report and report.capacity:  # the frontiers beside results.csv: logged on the parent with it
         shutil.copyfile(report.folder / CAPACITY_CSV, run_dir / CAPACITY_CSV)
-    unsent = sink.close("FINISHED", counts, report.run_tags if report else None)
+    unsent = sink.close("FINISHED", counts, report.run_tags if report else None, report.run_metrics if report else None)
     say(f"\n{table}\n")
     if selection:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")

@@ -37,33 +37,34 @@ class PromptFile:
     records: tuple[dict[str, Any], ...]  # {"prompt": str} or {"messages": [...]}, "answer"?, "line"
 
 
-def read_prompt_file(path: str) -> PromptFile:
-    """The file's prompts; any mistake is a `ConfigError` of one line naming the file (as given) and the fault."""
+def read_prompt_file(path: str, key: str = KEY) -> PromptFile:
+    """The file's prompts; any mistake is a `ConfigError` of one line naming `key` (the setting that gave the
+    file: `inputs.path` or `workload.path`), the file (as given) and the fault."""
     file = Path(path).expanduser()
     if not file.exists():
-        raise ConfigError(f"{KEY}: {path} does not exist (a relative path is read from {Path.cwd()})")
+        raise ConfigError(f"{key}: {path} does not exist (a relative path is read from {Path.cwd()})")
     if file.is_dir():
-        raise ConfigError(f"{KEY}: {path} is a folder; expected a {JSONL} or {TXT} file")
+        raise ConfigError(f"{key}: {path} is a folder; expected a {JSONL} or {TXT} file")
     if file.suffix.lower() not in (JSONL, TXT):
-        raise ConfigError(f"{KEY}: {path}: expected a {JSONL} or {TXT} file")
+        raise ConfigError(f"{key}: {path}: expected a {JSONL} or {TXT} file")
     try:
         data = file.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{KEY}: {path} cannot be read: {first_line(exc)}") from None
-    text = _decode(data, path)
-    records = _jsonl_records(text, path) if file.suffix.lower() == JSONL else _txt_records(text)
+        raise ConfigError(f"{key}: {path} cannot be read: {first_line(exc)}") from None
+    text = _decode(data, path, key)
+    records = _jsonl_records(text, path, key) if file.suffix.lower() == JSONL else _txt_records(text)
     if not records:
         what = "the file is empty" if not data else "only blank lines"
-        raise ConfigError(f"{KEY}: {path} has no prompts ({what})")
+        raise ConfigError(f"{key}: {path} has no prompts ({what})")
     return PromptFile(file.name, hashlib.sha256(data).hexdigest(), tuple(records))
 
 
-def _decode(data: bytes, path: str) -> str:
+def _decode(data: bytes, path: str, key: str) -> str:
     try:
         return data.decode("utf-8-sig")  # a byte-order mark some editors write is not part of the first prompt
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{KEY}: {path} line {line} is not UTF-8 text (byte {exc.start})") from None
+        raise ConfigError(f"{key}: {path} line {line} is not UTF-8 text (byte {exc.start})") from None
 
 
 def _lines(text: str) -> list[str]:
@@ -84,12 +85,12 @@ def _txt_records(text: str) -> list[dict[str, Any]]:
     return records
 
 
-def _jsonl_records(text: str, path: str) -> list[dict[str, Any]]:
+def _jsonl_records(text: str, path: str, key: str) -> list[dict[str, Any]]:
     records = []
     for number, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
-        where = f"{KEY}: {path} line {number}"
+        where = f"{key}: {path} line {number}"
         try:
             value = json.loads(line, parse_int=_JsonNumber, parse_float=_JsonNumber, parse_constant=_JsonNumber)
         except json.JSONDecodeError as exc:

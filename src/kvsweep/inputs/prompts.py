@@ -53,6 +53,15 @@ def build_prompts(
     raise ValueError(f"no text prompts for inputs {kind!r}")
 
 
+def whole_prompt(tokenizer: Any, record: dict[str, Any], use_chat_template: bool, answered: bool = True) -> Prompt:
+    """A file's record as written, framed as a cell frames it, neither cut nor filled: a request of a prompts-file
+    workload, whose length is the prompt's own. `answered=False` drops its answer (a record used a second time)."""
+    turns, text = _turns(record)
+    framing = frame(tokenizer, use_chat_template, turns)
+    answer = record.get("answer") if answered else None
+    return Prompt(_framed(framing, encode(tokenizer, text)), answer, None, FILE)
+
+
 def minimum_context(tokenizer: Any, kind: str, spec: InputSpec) -> int:
     """The fewest tokens a prompt of this kind fits in: its frame and everything that is never cut."""
     if kind == PASSKEY:

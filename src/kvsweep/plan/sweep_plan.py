@@ -15,6 +15,7 @@ from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
 from kvsweep.plan.sharding import GpuLoad, layers_text
 from kvsweep.plan.workload_cells import serving_problem, workload_cells
+from kvsweep.plan.workload_prompts import with_prompt_lengths
 from kvsweep.units import GB, MIB
 from kvsweep.workload.workload_spec import WorkloadSpec, workload_from_config
 
@@ -204,5 +205,7 @@ def protocol_of(
 
 def sweep_workload(cfg: KvSweepConfig) -> WorkloadSpec | None:
     """The sweep's request mix, drawn from `workload.*` with `measure.seed` (the same mix every time it is asked
-    for; a trace is read each time, already checked by the command)."""
-    return workload_from_config(cfg.workload, cfg.measure.seed, cfg.slo)
+    for; a trace or prompts file is read each time, already checked by the command), with a prompts file's
+    lengths as each model's tokenizer encodes them."""
+    workload = workload_from_config(cfg.workload, cfg.measure.seed, cfg.slo, cfg.inputs.chat_template)
+    return None if workload is None else with_prompt_lengths(workload, list(cfg.grid.models), cfg.trust_remote_code)

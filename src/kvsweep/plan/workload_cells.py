@@ -16,27 +16,37 @@ from typing import Any
 from kvsweep.caches import get_strategy
 from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
-from kvsweep.inputs.spec import RANDOM
+from kvsweep.inputs.spec import FILE_PREFIX, RANDOM
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.workload.request_mix import RequestMix, WorkloadError
-from kvsweep.workload.workload_spec import BATCHED, CONTINUOUS, SEQUENTIAL, TRACE, WorkloadSpec, fitted
+from kvsweep.workload.workload_spec import BATCHED, CONTINUOUS, FILE, SEQUENTIAL, TRACE, WorkloadSpec, fitted
 
 NOT_CONTINUOUS = "continuous serving is Transformers' continuous batching over its paged cache: use cache paged"
 
 
-def model_mix(workload: WorkloadSpec, positions: int | None) -> RequestMix:
-    """The mix on a model of `positions` positions; a trace's request that does not fit is a config error."""
-    if workload.source == TRACE and positions is not None and workload.mix.longest_total > positions:
-        index = next(i for i, r in enumerate(workload.mix.requests) if r.total_tokens > positions)
-        request = workload.mix.requests[index]
-        raise ConfigError(
-            f"workload.path request {index + 1}: input_tokens + output_tokens = {request.total_tokens} is beyond "
-            f"the model's {positions} positions"
-        )
+def model_mix(workload: WorkloadSpec, model: str, positions: int | None) -> RequestMix:
+    """`model`'s mix on its `positions` positions; a trace's request or a file's prompt that does not fit is a
+    config error (a drawn one is shortened to fit)."""
     try:
-        return fitted(workload.mix, positions)
+        mix = workload.mix_for(model)
+        if workload.source in (TRACE, FILE) and positions is not None and mix.longest_total > positions:
+            index = next(i for i, r in enumerate(mix.requests) if r.total_tokens > positions)
+            raise ConfigError(f"{_request_name(workload, mix, index)} is beyond {model}'s {positions} positions")
+        return fitted(mix, positions)
     except WorkloadError as err:
         raise ConfigError(str(err)) from None
+
+
+def _request_name(workload: WorkloadSpec, mix: RequestMix, index: int) -> str:
+    """'workload.path request 3: input_tokens + output_tokens = 9000', or a prompts file's line and lengths."""
+    request = mix.requests[index]
+    if workload.prompts is not None:
+        line = workload.prompts.records[index].get("line", index + 1)
+        return (
+            f"workload.path {workload.prompts.file_name} line {line}: a prompt of {request.input_tokens} tokens "
+            f"+ {request.output_tokens} output tokens = {request.total_tokens}"
+        )
+    return f"workload.path request {index + 1}: input_tokens + output_tokens = {request.total_tokens}"
 
 
 def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadSpec, positions: dict) -> list[Cell]:
@@ -54,11 +64,12 @@ def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadS
     for model, weights, dtype, mode, batch, cache, compiled in itertools.product(*axes):
         if compiled and not get_strategy(cache).compilable:
             continue
-        mix = model_mix(workload, positions.get(model))
+        mix = model_mix(workload, model, positions.get(model))
         rows = 1 if mode == SEQUENTIAL else batch
         context = mix.longest_input
         new = worst_total(mix, rows if mode == BATCHED else 1) - context  # the cell caches the worst moment's tokens
-        cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), RANDOM, weights, workload.name, mode)
+        fed = RANDOM if workload.prompts is None else FILE_PREFIX + workload.prompts.file_name
+        cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), fed, weights, workload.name, mode)
         cells.setdefault(cell, None)
     return list(cells)
 

@@ -6,8 +6,10 @@ saving of each request is dynamic's end-to-end time less the compiled one's; `co
 package) turns those into a count, or "never" when the compiled cache is not faster on average.
 """
 
+from collections import defaultdict
+
 from kvsweep.caches import BASELINE
-from kvsweep.names import Metric
+from kvsweep.names import Metric, ResultTag
 from kvsweep.results import OK, CellResult
 from kvsweep.workload.latency_stats import compile_payback
 
@@ -35,3 +37,29 @@ def payback_text(compiled: CellResult, group: list[CellResult]) -> str:
     if found is None:
         return "never"
     return found if isinstance(found, str) else f"{found} requests"
+
+
+def payback_findings(results: list[CellResult]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    """(metrics, tags) by cell id for each compiled workload cell whose payback can be told, for its MLflow run:
+    `compile_payback_requests` where compiling pays back, and the `kvsweep.compile_payback` tag ("12 requests" or
+    "never"). A cell is set against the dynamic cell of its own mix, serving mode and B; one that cannot be told
+    (no dynamic cell, or a report rebuilt without the samples) gets nothing, so a rebuilt report never overwrites
+    what the sweep found."""
+    groups: dict[tuple, list[CellResult]] = defaultdict(list)
+    for result in results:
+        if result.cell.is_workload:
+            c = result.cell
+            groups[(c.model, c.dtype, c.weights, c.workload, c.serving, c.batch_size)].append(result)
+    metrics: dict[str, dict[str, float]] = {}
+    tags: dict[str, dict[str, str]] = {}
+    for group in groups.values():
+        for result in group:
+            if not result.cell.compile or result.status != OK:
+                continue
+            found = payback(result, group)
+            if isinstance(found, str):
+                continue
+            if found is not None:
+                metrics[result.cell_id] = {Metric.COMPILE_PAYBACK_REQUESTS: float(found)}
+            tags[result.cell_id] = {ResultTag.COMPILE_PAYBACK: payback_text(result, group)}
+    return metrics, tags

@@ -12,6 +12,7 @@ from kvsweep.capacity.frontier import Frontier
 from kvsweep.names import CAPACITY_CSV, REPORT_DIR
 from kvsweep.report.capacity_assessment import Capacity, CapacityContext, assess
 from kvsweep.report.capacity_report import capacity_csv, capacity_section, draw_capacity
+from kvsweep.report.compile_payback import payback_findings
 from kvsweep.report.html_page import render_page
 from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.plots import colours, draw_facets
@@ -50,6 +51,8 @@ class Report:
     capacity: Capacity | None = None
     listing: Listing | None = None  # the decisions the short form lists (a search's lone probes left out)
     workloads: WorkloadSection | None = None  # a sweep with workload cells: their figures and tables
+    found_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # cell id -> numbers worked out here
+    found_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # cell id -> tags worked out here
 
     @property
     def short_form(self) -> str:
@@ -73,11 +76,19 @@ class Report:
 
     @property
     def run_tags(self) -> dict[str, dict[str, str]]:
-        """`quality_tags` and `frontier_tags` merged per cell: everything this report writes on cell runs."""
+        """`quality_tags`, `frontier_tags` and the compile paybacks merged per cell: every tag this report writes
+        on cell runs."""
         merged = {cid: dict(tags) for cid, tags in self.quality_tags.items()}
-        for cid, tags in self.frontier_tags.items():
-            merged.setdefault(cid, {}).update(tags)
+        for found in (self.frontier_tags, self.found_tags):
+            for cid, tags in found.items():
+                merged.setdefault(cid, {}).update(tags)
         return merged
+
+    @property
+    def run_metrics(self) -> dict[str, dict[str, float]]:
+        """Cell id -> the metrics only a report across cells can work out (a workload cell's token agreement with
+        its mix's dynamic cell, a compiled one's `compile_payback_requests`), for the cells' MLflow runs."""
+        return self.found_metrics
 
 
 def settings_from(values: dict[str, Any]) -> Settings:
@@ -87,7 +98,10 @@ def settings_from(values: dict[str, Any]) -> Settings:
 
 def write_report(results: list[CellResult], folder: Path, context: ReportContext) -> Report:
     folder.mkdir(parents=True, exist_ok=True)
-    fill_agreement(results)  # a workload cell's tokens against its dynamic cell's, when the samples are at hand
+    found = fill_agreement(results)  # a workload cell's tokens against its dynamic cell's, when the samples are at hand
+    payback_metrics, payback_tags = payback_findings(results)
+    for cid, metrics in payback_metrics.items():
+        found.setdefault(cid, {}).update(metrics)
     decisions = decide(results, context.settings)
     listing = list_decisions(decisions, results)
     probes = context.capacity is not None  # a search's lone probes make figures of one line: left out
@@ -117,7 +131,7 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         workloads,
     )
     (folder / "report.html").write_text(page)
-    return Report(folder, decisions, plots, capacity, listing, workloads)
+    return Report(folder, decisions, plots, capacity, listing, workloads, found, payback_tags)
 
 
 def write_tables(results: list[CellResult], folder: Path) -> str:

@@ -20,12 +20,11 @@ from kvsweep.measure.statistics import CiBounds, metric_interval, overlaps, rati
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag
 from kvsweep.report.advice import failure_advice, slow_quantized_advice
+from kvsweep.report.grouping import GroupKey, group_key, mix_of, mix_references, ranked_metric
 from kvsweep.report.quality_gate import UNINFORMATIVE, Gate, gate_tags, judge
 from kvsweep.results import OK, CellResult
 
 TIE_RULE = "tie broken by least memory, then the simpler strategy"
-# model, dtype, batch size, context length, new tokens, weights, workload, serving ("" "" for a fixed shape)
-GroupKey = tuple[str, str, int, int, int, str, str, str]
 MEMORY_LABELS = {Metric.PEAK_DEVICE_MEM_BYTES: "peak GPU memory", Metric.KV_CACHE_BYTES: "KV cache memory"}
 TIMING_LABELS = {metric: metric.removesuffix("_ms").upper() for metric in RANK_BY}  # TPOT, TTFT, E2E
 TIMING_LABELS |= {f"{metric}_p90": f"{label} p90" for metric, label in TIMING_LABELS.items()}  # a workload's rank
@@ -182,18 +181,6 @@ def pct(fraction: float) -> str:
     return f"{fraction * 100:+.0f}%"
 
 
-def group_key(result: CellResult) -> GroupKey:
-    c = result.cell
-    shape = (int(c.batch_size), int(c.context_length), int(c.max_new_tokens))
-    return (str(c.model), str(c.dtype), *shape, c.weights, c.workload, c.serving)
-
-
-def ranked_metric(result: CellResult, rank_by: str) -> str:
-    """What `rank_by` ranks a cell by: its median over repeats, or a workload cell's 90th percentile over
-    requests (a server is judged by its slow requests, and a mix's medians hide them)."""
-    return f"{rank_by}_p90" if result.cell.is_workload else rank_by
-
-
 def memory_basis(results: Iterable[CellResult]) -> str:
     """GPU peaks when the sweep ran on GPUs; otherwise the cache's own bytes (a CPU process's RSS is mostly itself)."""
     on_gpu = any(Metric.PEAK_DEVICE_MEM_BYTES in r.metrics for r in results if r.status == OK)
@@ -206,7 +193,8 @@ def decide(results: list[CellResult], settings: Settings) -> list[Decision]:
     for result in results:
         groups[group_key(result)].append(result)
     names = display_names(key[0] for key in groups)
-    decisions = [_decide_group(key, groups[key], basis, settings) for key in sorted(groups)]
+    mixes = mix_references(results)
+    decisions = [_decide_group(key, groups[key], basis, settings, mixes.get(mix_of(key))) for key in sorted(groups)]
     for decision in decisions:  # quantized weights are part of what is chosen for: they follow the name
         weights = decision.key[5]
         decision.model_name = names[decision.key[0]] + ("" if weights == NO_WEIGHT_QUANTIZATION else f" {weights}")
@@ -217,10 +205,13 @@ def _order(result: CellResult) -> tuple:
     return (*cache_rank(result.cell.cache), result.cell.compile)
 
 
-def _decide_group(key: GroupKey, results: list[CellResult], basis: str, settings: Settings) -> Decision:
+def _decide_group(
+    key: GroupKey, results: list[CellResult], basis: str, settings: Settings, mix_dynamic: CellResult | None = None
+) -> Decision:
+    """`mix_dynamic`: the mix's dynamic cell judging quality where the group has none (`grouping.py`)."""
     ordered = sorted(results, key=_order)
     baseline = next((r for r in ordered if strategy_label(r.cell) == BASELINE and r.status == OK), None)
-    entries = [_entry(r, basis, settings, baseline) for r in ordered]
+    entries = [_entry(r, basis, settings, baseline or mix_dynamic) for r in ordered]
     dynamic = next((e for e in entries if e.result is baseline), None)
     for entry in entries:
         if entry.status == OK and dynamic is not None and entry is not dynamic:

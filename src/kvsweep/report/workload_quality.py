@@ -30,10 +30,12 @@ def mix_agreement(tokens: list[list[int]], baseline: list[list[int]]) -> tuple[f
     return (equal / total if total else 1.0), first
 
 
-def fill_agreement(results: list[CellResult]) -> None:
+def fill_agreement(results: list[CellResult]) -> dict[str, dict[str, float]]:
     """Each ok workload cell with its requests' tokens, against the same mix's dynamic cell (eager): of its own
     serving mode and B when there is one, else any (greedy tokens do not depend on how requests were served, and
-    continuous serving has no dynamic cell). Left alone without one."""
+    continuous serving has no dynamic cell). Left alone without one. Returns what it filled, by cell id (for the
+    cells' MLflow runs)."""
+    filled: dict[str, dict[str, float]] = {}
     mixes: dict[tuple, list[CellResult]] = defaultdict(list)
     for result in results:
         if result.cell.is_workload and result.status == OK and _tokens(result):
@@ -44,17 +46,19 @@ def fill_agreement(results: list[CellResult]) -> None:
         for result in cells:
             same = [r for r in dynamic if group_key(r) == group_key(result)]
             baseline = (same or dynamic or [None])[0]
-            if baseline is not None:
-                _fill(result, _tokens(baseline))
+            if baseline is not None and (found := _fill(result, _tokens(baseline))):
+                filled[result.cell_id] = found
+    return filled
 
 
-def _fill(result: CellResult, baseline: list[list[int]]) -> None:
+def _fill(result: CellResult, baseline: list[list[int]]) -> dict[str, float]:
     mine = _tokens(result)
     if Metric.TOKEN_AGREEMENT in result.metrics or [len(t) for t in mine] != [len(t) for t in baseline]:
-        return
+        return {}
     share, first = mix_agreement(mine, baseline)
-    result.metrics[Metric.TOKEN_AGREEMENT] = share
-    result.metrics[Metric.FIRST_DIVERGENCE] = float(first)
+    found = {Metric.TOKEN_AGREEMENT: share, Metric.FIRST_DIVERGENCE: float(first)}
+    result.metrics.update(found)
+    return found
 
 
 def _tokens(result: CellResult) -> list[list[int]]:

@@ -125,9 +125,12 @@ class SweepTracker:
         """The sweep's saved chart view in the UI, one line per configuration (see `mlflow_ui.py`)."""
         save_compare_view(self.client, self.experiment_id, parent_run_id, sweep, groups)
 
-    def tag_cells(self, tags_by_run: dict[str, dict[str, str]]) -> None:
-        """Tags decided after the cells ran (the quality verdicts against dynamic), onto their child runs."""
-        tag_runs(self.client, tags_by_run)
+    def tag_cells(
+        self, tags_by_run: dict[str, dict[str, str]], metrics_by_run: dict[str, dict[str, float]] | None = None
+    ) -> None:
+        """Tags and metrics decided after the cells ran (the quality verdicts against dynamic, a workload cell's
+        token agreement, a compile's payback), onto their child runs."""
+        tag_runs(self.client, tags_by_run, metrics_by_run)
 
     def finish_sweep(self, parent_run_id: str, counts: dict[str, int], status: str) -> None:
         now = _now_ms()
@@ -222,8 +225,17 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def tag_runs(client: Any, tags_by_run: dict[str, dict[str, str]]) -> None:
-    """Set each run's tags (an MlflowClient; one call a run)."""
-    for run_id, tags in tags_by_run.items():
-        if tags:
-            client.log_batch(run_id, tags=[entities.RunTag(k, v) for k, v in tags.items()])
+def tag_runs(
+    client: Any, tags_by_run: dict[str, dict[str, str]], metrics_by_run: dict[str, dict[str, float]] | None = None
+) -> None:
+    """Set each run's tags and log its metrics (an MlflowClient; one call a run)."""
+    metrics_by_run = metrics_by_run or {}
+    now = _now_ms()
+    for run_id in dict.fromkeys([*tags_by_run, *metrics_by_run]):
+        tags, metrics = tags_by_run.get(run_id) or {}, metrics_by_run.get(run_id) or {}
+        if tags or metrics:
+            client.log_batch(
+                run_id,
+                metrics=[entities.Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                tags=[entities.RunTag(k, v) for k, v in tags.items()],
+            )

@@ -156,18 +156,31 @@ class MlflowSink:
         except Exception as exc:
             self._failed(exc)
 
-    def close(self, status: str, counts: dict[str, int], cell_tags: dict[str, dict[str, str]] | None = None) -> int:
+    def close(
+        self,
+        status: str,
+        counts: dict[str, int],
+        cell_tags: dict[str, dict[str, str]] | None = None,
+        cell_metrics: dict[str, dict[str, float]] | None = None,
+    ) -> int:
         """Last attempts to send everything and end the parent run; returns how many results are unsent.
         The lease ends with it.
 
-        `cell_tags` (cell id -> tags) are what the report decided across cells (the quality verdicts):
-        written onto the cells' runs once every result is in; `kvsweep report` writes them again."""
+        `cell_tags` and `cell_metrics` (cell id -> tags, metrics) are what the report decided across cells (the
+        quality verdicts, a workload's token agreement and compile payback): written onto the cells' runs once
+        every result is in; `kvsweep report` writes them again."""
         try:
-            return self._close(status, counts, cell_tags)
+            return self._close(status, counts, cell_tags, cell_metrics)
         finally:
             self.release()
 
-    def _close(self, status: str, counts: dict[str, int], cell_tags: dict[str, dict[str, str]] | None) -> int:
+    def _close(
+        self,
+        status: str,
+        counts: dict[str, int],
+        cell_tags: dict[str, dict[str, str]] | None,
+        cell_metrics: dict[str, dict[str, float]] | None,
+    ) -> int:
         for attempt in range(FINAL_ATTEMPTS):
             if attempt:
                 time.sleep(min(self.backoff_s, 5.0))
@@ -181,7 +194,8 @@ class MlflowSink:
             run_dir = self.journal.path.parent
             files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
             runs = {self.cell_runs[cid]: tags for cid, tags in (cell_tags or {}).items() if cid in self.cell_runs}
-            self.tracker.tag_cells(runs)
+            numbers = {self.cell_runs[c]: m for c, m in (cell_metrics or {}).items() if c in self.cell_runs}
+            self.tracker.tag_cells(runs, numbers)
             self.tracker.log_sweep_files(self.parent_run_id, files, {})
             self.tracker.log_report(self.parent_run_id, run_dir / REPORT_DIR)
             self.tracker.finish_sweep(self.parent_run_id, counts, status)

@@ -196,6 +196,16 @@ def lengths_mix(spec: LengthSpec, requests: int, seed: int, max_positions: int |
     return RequestMix(name=name, requests=tuple(drawn))
 
 
+def file_outputs(name: str, output: LengthDist, requests: int, seed: int) -> RequestMix:
+    """A prompts file's requests before a tokenizer has read them: each output length drawn from `output` with
+    the seed, and a prompt length of 1 standing in until the prompts are encoded for a model
+    (`WorkloadSpec.mix_for`)."""
+    _check_count(requests, allow_none=False)
+    rng = random.Random(seed)
+    drawn = tuple(Request(1, output.draw(rng, index)) for index in range(requests))
+    return RequestMix(name=f"{name} output={output} requests={requests} seed={seed}", requests=drawn)
+
+
 def _trace_length(row: dict, name: str, where: str) -> int:
     if name not in row:
         raise WorkloadError(f"{where}: no {name}")

@@ -1,21 +1,49 @@
 """A sweep's workload as every cell receives it: the mix itself (not a recipe), its name and how it is replayed.
 
-The driver draws the mix once from `workload.*` (a seeded length distribution or a trace) and ships the requests
-with the protocol, so every cell of every node replays the very same requests; a cell id hashes the mix by its
-sha256. A model with fewer positions than a drawn request gets the same requests with their prompts shortened to
-fit (`fitted`), the same way in the planner and in the cell; a trace's request that does not fit is refused.
+The driver draws the mix once from `workload.*` (a seeded length distribution, a trace, or the user's prompts
+file) and ships the requests with the protocol, so every cell of every node replays the very same requests; a cell
+id hashes the mix by its sha256. A model with fewer positions than a drawn request gets the same requests with
+their prompts shortened to fit (`fitted`), the same way in the planner and in the cell; a trace's request or a
+file's prompt that does not fit is refused.
+
+A prompts file's requests are text: how many tokens each prompt is depends on the model's tokenizer, so the
+driver encodes them once per model (`WorkloadPrompts.lengths`) and `mix_for(model)` is that model's mix.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvsweep.workload.mix_sources import LengthSpec, lengths_mix, parse_length_spec, poisson_arrivals, trace_mix
+from kvsweep.inputs.prompt_file import read_prompt_file
+from kvsweep.workload.mix_sources import (
+    LengthSpec,
+    file_outputs,
+    lengths_mix,
+    parse_length_spec,
+    poisson_arrivals,
+    trace_mix,
+)
 from kvsweep.workload.request_mix import Request, RequestMix, WorkloadError
 
-LENGTHS, TRACE = "lengths", "trace"
-SOURCES = (LENGTHS, TRACE)
+LENGTHS, FILE, TRACE = "lengths", "file", "trace"
+SOURCES = (LENGTHS, FILE, TRACE)
 SEQUENTIAL, BATCHED, CONTINUOUS = "sequential", "batched", "continuous"
 SERVING_MODES = (SEQUENTIAL, BATCHED, CONTINUOUS)
+
+
+@dataclass(frozen=True)
+class WorkloadPrompts:
+    """A prompts-file workload's text (`workload.source=file`): request i is `records[i]`, framed as
+    `inputs.chat_template` says, and its answer (when the file gives one) is scored on what the request generated."""
+
+    file_name: str
+    file_sha256: str
+    records: tuple[dict[str, Any], ...]  # as `inputs.prompt_file` reads them: prompt or messages, answer?, line
+    chat_template: bool
+    lengths: dict[str, tuple[int, ...]] = field(default_factory=dict)  # model -> each prompt's tokens, as encoded
+
+    def identity(self) -> dict[str, Any]:
+        """What makes a file's requests the same ones: its bytes, how many of its prompts, and the framing."""
+        return {"file_sha256": self.file_sha256, "prompts": len(self.records), "chat_template": self.chat_template}
 
 
 @dataclass(frozen=True)
@@ -27,9 +55,24 @@ class WorkloadSpec:
     name: str
     mix: RequestMix
     warmup_requests: int
-    source: str  # lengths | trace: for the dry run and the docs' wording
+    source: str  # lengths | file | trace: for the dry run and the docs' wording
     slo_ttft_ms: float = 0.0  # `slo.*`: what a request must meet to count as goodput (0: not applied)
     slo_tpot_ms: float = 0.0
+    prompts: WorkloadPrompts | None = None  # source=file: the text; `mix` then holds outputs and arrivals only
+
+    def mix_for(self, model: str) -> RequestMix:
+        """The requests as `model` runs them: a prompts file's prompts at the length its tokenizer gives them."""
+        if self.prompts is None:
+            return self.mix
+        lengths = self.prompts.lengths.get(model)
+        if lengths is None:
+            raise WorkloadError(f"workload.path {self.prompts.file_name}: its prompts were not encoded for {model}")
+        pairs = zip(lengths, self.mix.requests, strict=True)
+        return RequestMix(self.mix.name, tuple(Request(n, r.output_tokens, r.arrival_s) for n, r in pairs))
+
+    def with_lengths(self, lengths: dict[str, tuple[int, ...]]) -> "WorkloadSpec":
+        """This spec with each model's prompt lengths (a prompts file's; unchanged for other sources)."""
+        return self if self.prompts is None else replace(self, prompts=replace(self.prompts, lengths=dict(lengths)))
 
     @property
     def open_loop(self) -> bool:
@@ -37,12 +80,13 @@ class WorkloadSpec:
         return self.mix.requests[0].arrival_s is not None
 
     def identity(self) -> dict[str, Any]:
-        return {
+        identity = {
             "name": self.name,
             "sha256": self.mix.sha256,
             "warmup_requests": self.warmup_requests,
             "slo": [self.slo_ttft_ms, self.slo_tpot_ms],
         }
+        return identity | ({"prompts": self.prompts.identity()} if self.prompts else {})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,12 +97,25 @@ class WorkloadSpec:
             "source": self.source,
             "slo_ttft_ms": self.slo_ttft_ms,
             "slo_tpot_ms": self.slo_tpot_ms,
+            "prompts": asdict(self.prompts) if self.prompts else None,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WorkloadSpec":
         mix = RequestMix(data["mix_name"], tuple(Request(**r) for r in data["requests"]))
-        return cls(data["name"], mix, data["warmup_requests"], data["source"], data["slo_ttft_ms"], data["slo_tpot_ms"])
+        prompts = data.get("prompts")
+        if prompts:
+            lengths = {model: tuple(n) for model, n in prompts["lengths"].items()}
+            prompts = WorkloadPrompts(**{**prompts, "records": tuple(prompts["records"]), "lengths": lengths})
+        return cls(
+            data["name"],
+            mix,
+            data["warmup_requests"],
+            data["source"],
+            data["slo_ttft_ms"],
+            data["slo_tpot_ms"],
+            prompts or None,
+        )
 
 
 def fitted(mix: RequestMix, positions: int | None) -> RequestMix:
@@ -74,9 +131,10 @@ def fitted(mix: RequestMix, positions: int | None) -> RequestMix:
     return RequestMix(mix.name, tuple(requests))
 
 
-def workload_from_config(workload: Any, seed: int, slo: Any = None) -> WorkloadSpec | None:
+def workload_from_config(workload: Any, seed: int, slo: Any = None, chat_template: bool = True) -> WorkloadSpec | None:
     """`cfg.workload` as a spec, or None when no workload is set (the grid's own axes). Raises WorkloadError in one
-    line for anything wrong with it: an unknown source, a bad length spec, a trace line."""
+    line for anything wrong with it: an unknown source, a bad length spec, a trace line (a prompts file's mistake
+    is the ConfigError its reader raises). A prompts file's lengths are not known here: `with_lengths`."""
     source = workload.source
     if not source:
         return None
@@ -90,6 +148,8 @@ def workload_from_config(workload: Any, seed: int, slo: Any = None) -> WorkloadS
             parse_length_spec(workload.output_lengths, "workload.output_lengths"),
         )
         mix = lengths_mix(spec, workload.requests, seed, max_positions=None)
+    elif source == FILE:
+        prompts, mix = _file_workload(workload, seed, chat_template)
     else:
         if not workload.path:
             raise WorkloadError("workload.source=trace needs workload.path (a JSONL of input_tokens, output_tokens)")
@@ -106,4 +166,18 @@ def workload_from_config(workload: Any, seed: int, slo: Any = None) -> WorkloadS
         if mode not in SERVING_MODES:
             raise WorkloadError(f"workload.serving: unknown mode {mode!r}; allowed: {', '.join(SERVING_MODES)}")
     ttft, tpot = (slo.ttft_ms, slo.tpot_ms) if slo is not None else (0.0, 0.0)
-    return WorkloadSpec(workload.name or source, mix, min(workload.warmup_requests, len(mix)), source, ttft, tpot)
+    warmup = min(workload.warmup_requests, len(mix))
+    return WorkloadSpec(workload.name or source, mix, warmup, source, ttft, tpot, prompts if source == FILE else None)
+
+
+def _file_workload(workload: Any, seed: int, chat_template: bool) -> tuple[WorkloadPrompts, RequestMix]:
+    """The file's first `workload.requests` prompts (fewer when it has fewer) and their drawn output lengths."""
+    if not workload.path:
+        raise WorkloadError("workload.source=file needs workload.path (a .jsonl or .txt file of prompts)")
+    if not workload.output_lengths:
+        raise WorkloadError("workload.source=file needs workload.output_lengths (e.g. fixed:64): tokens each answer")
+    read = read_prompt_file(workload.path, key="workload.path")
+    records = read.records[: workload.requests]
+    output = parse_length_spec(workload.output_lengths, "workload.output_lengths")
+    mix = file_outputs(f"file {read.name}", output, len(records), seed)
+    return WorkloadPrompts(read.name, read.sha256, records, chat_template), mix
