@@ -52,6 +52,8 @@ RANGES = {
     "planner.device_memory_gb": (["-1"], "0"),
     "planner.host_memory_gb": (["-0.5"], "0"),
     "planner.host_link_gbps": (["0", "-25"], "0.001"),
+    "planner.gpus": (["-1"], "0"),
+    "planner.max_gpu_hours": (["-0.5"], "0"),
     "report.max_slowdown": (["-0.1"], "0"),
     "report.min_token_agreement": (["-0.1", "1.1"], "1"),
     "report.max_accuracy_drop": (["-0.1", "1.1"], "1"),

@@ -120,6 +120,12 @@ class Metric:
     TASK_TRIALS = "task_trials"  # prompts answered behind the accuracy
     QUALITY_CHECK_S = "quality_check_s"  # seconds the cell spent on its quality checks (task, agreement, KL)
     CELL_WALL_S = "cell_wall_s"
+    FORECAST_S = "forecast_s"  # the forecast of cell_wall_s, made before the cell ran (docs/forecast.md)
+    FORECAST_RATIO = "forecast_ratio"  # cell_wall_s / forecast_s
+    FORECAST_RATIO_LOAD = "forecast_ratio_load"  # model_load_s / the forecast's load term
+    FORECAST_RATIO_TTFT = "forecast_ratio_ttft"  # ttft_ms / the forecast's prefill
+    FORECAST_RATIO_TPOT = "forecast_ratio_tpot"  # tpot_ms / the forecast's decode step
+    FORECAST_RATIO_QUALITY = "forecast_ratio_quality"  # quality_check_s / the forecast's quality term
     PREDICTED_MAX_BATCH = "predicted_max_batch"  # a batch search's probe: the planner's largest batch that fits
     PREDICTED_MAX_CONTEXT = "predicted_max_context"  # a context search's probe: the planner's longest context
     SEARCH_MAX_CONTEXT = "search_max_context"  # a context search's probe: the longest context it may probe

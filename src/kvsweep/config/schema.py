@@ -102,6 +102,15 @@ class PlannerConfig:
     host_link_gbps: float = setting(
         25.0, "host-device copy speed offloaded caches get, GB/s (PCIe 4.0 x16: ~25)", POSITIVE
     )
+    gpu: str = setting(
+        "",
+        "the GPU the time forecast assumes (h100-sxm, a100-80gb, l4, ...: docs/forecast.md); empty = the local "
+        "GPU's, detected from its name",
+    )
+    gpus: int = setting(0, "GPUs the forecast's wall time and bill count; 0 = the cluster's (or 1)", AT_LEAST_0)
+    max_gpu_hours: float = setting(
+        0.0, "refuse a sweep forecast to take more GPU-hours (exit 2, before any cell); 0 = no budget", AT_LEAST_0
+    )
 
 
 @dataclass

@@ -13,6 +13,8 @@ from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
 from kvsweep.driver.capacity_search import plan_searches, search_text
 from kvsweep.driver.first_lines import first_lines
+from kvsweep.driver.sweep_forecast import forecast_sweep
+from kvsweep.forecast.sweep_bill import cell_lines
 from kvsweep.plan.memory_fit import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice | None" = None) -> int:
     """`inputs`: what each model is fed, when the caller chose it already (else chosen here)."""
     from kvsweep.driver.inputs_choice import choose_inputs
+    from kvsweep.driver.scheduler import max_concurrent
 
     inputs = inputs or choose_inputs(cfg)
     # An explicit device is planned as asked, even where it is absent (plan a GPU sweep from a laptop).
@@ -31,16 +34,25 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
         cfg.device if cfg.device != "auto" else ray_session.resolve_device("auto", cluster_resources(cfg.ray.address))
     )
     limits = plan_limits(cfg, device, inputs.spec)
+    protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus, sweep_workload(cfg))
+    probes = 1.0
     if cfg.search.batch or cfg.search.contexts:
-        protocol = protocol_of(cfg.measure, device, inputs.spec, limits.gpus, sweep_workload(cfg))
         searches, problems = plan_searches(cfg, device, limits, protocol, inputs.by_model)
+        planned = searches.first_probes()
         text = "\n".join(search_text(searches))
-        text += "\n\nfirst probes: " + plan_text(searches.first_probes(), problems, device, limits)
+        text += "\n\nfirst probes: " + plan_text(planned, problems, device, limits)
+        probes = searches.expected_probes / max(1, len(planned))
     else:
         planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
         text = plan_text(planned, problems, device, limits)
     fed = "\n".join(first_lines(cfg, inputs))
-    print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}"), file=out or sys.stdout)
+    session = cluster_resources(cfg.ray.address) if device == "cuda" else None
+    gpus = session.gpus if session is not None else 0.0
+    slots = max_concurrent(cfg.ray.max_concurrent, device, cfg.planner.gpus or gpus, cfg.ray.gpus_per_cell)
+    forecast = forecast_sweep(cfg, device, planned, protocol, slots, gpus, limits.gpus, probes)
+    bill = "\n".join([*forecast.bill.lines(), "", *cell_lines(forecast.bill.cells)])
+    print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}\n\n{bill}"), file=out or sys.stdout)
+    forecast.bill.check_budget(cfg.planner.max_gpu_hours)  # over budget: one line, exit 2
     return 0
 
 

@@ -5,6 +5,7 @@ bar, the counts, and each running cell with how long it has run; failures print 
 every finished cell is one appended line, as `tail -f` and grep expect. Driver only.
 """
 
+import statistics
 import sys
 import time
 from collections import Counter
@@ -43,7 +44,15 @@ class SweepProgress:
         self.counts: Counter[str] = Counter()
         self.running: dict[str, tuple[str, float]] = {}  # cell id -> (label, started at)
         self.measured = 0  # cells that ran (not planned skips), for the ETA
+        self.forecasts: dict[str, float] = {}  # cell id -> forecast seconds of the cells still to run
+        self.slots = 1  # cells at a time, for a forecast ETA
+        self.ratios: list[float] = []  # cell_wall_s / forecast of the cells that finished in this run
         self._print = self._print_line  # the live display swaps in its own while it is shown
+
+    def forecast(self, seconds_by_cell: dict[str, float], slots: int) -> None:
+        """The ETA from here on is the remaining cells' forecast, scaled by what finished cells took against
+        theirs, over `slots` cells at a time (and from the very start, before any cell finished)."""
+        self.forecasts, self.slots = dict(seconds_by_cell), max(1, slots)
 
     def label(self, cell: Cell) -> str:
         return cell_label(cell, self.model_names.get(cell.model, ""))
@@ -53,9 +62,12 @@ class SweepProgress:
 
     def finished(self, result: CellResult, ran: bool = True) -> None:
         self.counts[result.status] += 1
+        forecast = self.forecasts.pop(result.cell_id, None)
         if ran:
             self.running.pop(result.cell_id, None)
             self.measured += 1
+            if forecast and result.wall_s > 0:
+                self.ratios.append(result.wall_s / forecast)
         if self.live and result.status in (OK, SKIPPED):
             return  # on a terminal the display shows it; only failures earn a line
         detail = f"tpot {result.metrics[Metric.TPOT_MS]:.2f} ms" if Metric.TPOT_MS in result.metrics else result.error
@@ -99,6 +111,9 @@ class SweepProgress:
     def eta(self) -> str:
         remaining_runs = self.to_run - self.measured
         elapsed = time.monotonic() - self.started_at
+        if self.forecasts and remaining_runs > 0:
+            ratio = statistics.median(self.ratios) if self.ratios else 1.0
+            return clock(sum(self.forecasts.values()) * ratio / self.slots)
         return "?" if self.measured == 0 else clock(elapsed / self.measured * remaining_runs)
 
     def line(self) -> str:

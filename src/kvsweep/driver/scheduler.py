@@ -261,3 +261,10 @@ def _driver_result(entry: Running, status: str, message: str) -> CellResult:
         wall_s=time.monotonic() - entry.since,
         attempt=entry.job.attempt,
     )
+
+
+def max_concurrent(configured: int, device: str, gpus: float, gpus_per_cell: int) -> int:
+    """Default: one cell per GPU group on CUDA; on CPU one at a time so timings do not interfere."""
+    if configured > 0:
+        return configured
+    return max(1, int(gpus // gpus_per_cell)) if device == "cuda" else 1

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from kvsweep.driver.ray_session import CellNeeds, RaySession
     from kvsweep.driver.scheduler import Job
     from kvsweep.driver.software_survey import Survey
+    from kvsweep.driver.sweep_forecast import SweepForecast
     from kvsweep.plan.sweep_plan import PlanLimits
 
 
@@ -52,6 +53,7 @@ def run_sweep(
     from kvsweep.driver.inputs_choice import choose_inputs
     from kvsweep.driver.native_builds import prebuild
     from kvsweep.driver.ray_session import prewarm
+    from kvsweep.driver.sweep_forecast import forecast_jobs, refined
     from kvsweep.tracking.mlflow_ui import default_tracking_uri
 
     inputs, seams, say = inputs or choose_inputs(cfg), seams or Seams(), Lines(out or sys.stdout)
@@ -65,16 +67,20 @@ def run_sweep(
         cluster = connect(cfg, session, say)
         limits = plan_limits(cfg, cluster.device, inputs.spec)  # found once: on CUDA it asks the local GPUs
         source = plan_jobs(cfg, cluster.device, inputs, limits, run_dir)
+        forecast = forecast_jobs(cfg, cluster.device, cluster.session.gpus, source, limits)
+        forecast.bill.check_budget(cfg.planner.max_gpu_hours)  # over budget: one line, exit 2, nothing started
         try:
             tracking = open_tracking(cfg, redact_text(config_yaml), run_dir, uri, cluster.device, source, seams, say)
         except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
             print(f"kvsweep: {held}", file=sys.stderr, flush=True)
             return 2
         hub_cache = fetch_for_sweep(cfg, cluster.device, limits, source, tracking, seams.hub, say)
-        write_plan(source, cluster.device, limits, run_dir)
+        write_plan(source, cluster.device, limits, run_dir, forecast)
         pending = source.pending(tracking.done)
         source.replace(pending, prebuild(pending, cluster.device, say), source.problems)
-        sweep = Sweep(cfg, run_dir, inputs, tracking, source, cluster.software, say)
+        forecast, refinement = refined(forecast, list(tracking.done.values()))
+        say(forecast.bill.lines()[0] + (f"; {refinement}" if refinement else ""))
+        sweep = Sweep(cfg, run_dir, inputs, tracking, source, cluster.software, say, forecast=forecast)
         jobs = source.start(tracking.done, sweep)
         interrupted = run_jobs(sweep, jobs, cluster, hub_cache, seams)
         return interrupted if interrupted is not None else finish(sweep)
@@ -148,10 +154,18 @@ def plan_jobs(
     return source
 
 
-def write_plan(source: JobSource, device: str, limits: "PlanLimits", run_dir: Path) -> None:
-    """`plan.txt` in the run folder: written when planned, again once Hub models are fetched and planned."""
+def write_plan(
+    source: JobSource, device: str, limits: "PlanLimits", run_dir: Path, forecast: "SweepForecast | None" = None
+) -> None:
+    """`plan.txt` in the run folder: written when planned, again once Hub models are fetched and planned (then
+    with the forecast: the bill and each cell's seconds)."""
+    from kvsweep.forecast.sweep_bill import cell_lines
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.txt").write_text(redact_text(source.plan_text(device, limits)))
+    text = source.plan_text(device, limits)
+    if forecast is not None:
+        text += "\n\n" + "\n".join([*forecast.bill.lines(), "", *cell_lines(forecast.bill.cells)])
+    (run_dir / "plan.txt").write_text(redact_text(text))
 
 
 @dataclass
@@ -166,6 +180,7 @@ class Sweep:
     software: "Survey | None"
     say: Lines
     results: list[CellResult] = field(default_factory=list)
+    forecast: "SweepForecast | None" = None  # each cell's forecast: logged beside what it took, and the ETA
 
     def __post_init__(self) -> None:
         self.pruner = OomPruner(self.cfg.infer_oom)
@@ -173,6 +188,9 @@ class Sweep:
         self.say.progress = self.progress  # messages now print above the progress display
         self.tracking_uri = self.tracking.uri
         self.parent_run_id = self.tracking.sink.parent_run_id
+        if self.forecast is not None:
+            seconds = {c.cell_id: c.forecast.seconds for c in self.forecast.bill.cells}
+            self.progress.forecast(seconds, self.forecast.bill.slots)
 
     def expect(self, cells: int, runs: int) -> None:
         self.progress.expect(cells, runs)
@@ -186,6 +204,8 @@ class Sweep:
     def record(self, result: CellResult, ran: bool = True) -> None:
         """One result: redacted, journaled (on disk before MLflow sees it), then sent and shown."""
         result.metrics.update(predicted_metrics(self.source.planned_cell(result.cell_id)))
+        if self.forecast is not None:
+            result.metrics.update(self.forecast.metrics(result))
         self.source.annotate(result)
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
@@ -213,7 +233,7 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
     from kvsweep.caches import registered_beyond_built_ins
     from kvsweep.cell.request import RunOptions
     from kvsweep.driver.ray_session import send_strategies_by_value
-    from kvsweep.driver.scheduler import CellScheduler, Job, Limits
+    from kvsweep.driver.scheduler import CellScheduler, Job, Limits, max_concurrent
 
     cfg, progress, sink, journal = sweep.cfg, sweep.progress, sweep.tracking.sink, sweep.tracking.journal
     limits = Limits(
@@ -260,10 +280,3 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
         )
         return interrupts.exit_code
     return None
-
-
-def max_concurrent(configured: int, device: str, gpus: float, gpus_per_cell: int) -> int:
-    """Default: one cell per GPU group on CUDA; on CPU one at a time so timings do not interfere."""
-    if configured > 0:
-        return configured
-    return max(1, int(gpus // gpus_per_cell)) if device == "cuda" else 1

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 def finish(sweep: "Sweep") -> int:
     """Tables and report in the run folder (the sink logs them on the parent), then what to open; the exit code."""
+    from kvsweep.driver.sweep_forecast import forecast_summary
     from kvsweep.tracking.mlflow_ui import compare_url, runs_url
 
     results, run_dir, say, tracking = sweep.results, sweep.run_dir, sweep.say, sweep.tracking
@@ -43,6 +44,8 @@ def finish(sweep: "Sweep") -> int:
         say(f"{selection}\n  report: {run_dir / REPORT_DIR / 'report.html'}\n")
     if report and (failed := task_failures(report.decisions)):
         say(failed + "\n")
+    if summary := forecast_summary(results):
+        say(summary + "\n")
     uri = sweep.tracking_uri
     say(f"MLflow: {redact_uri(uri)}  experiment {tracking.header.experiment!r}  parent run {sink.parent_run_id}")
     if unsent:

@@ -1,0 +1,213 @@
+"""The sweep's forecast as the driver makes it: the device's rates, each planned cell's forecast, the bill.
+
+The rates are this CPU's, measured here, or a GPU's datasheet figures (`planner.gpu`, else the local GPU's name).
+The GPU count the bill counts is `planner.gpus`, else the connected cluster's. A capacity search's later probes are
+not planned until results come, so each first probe is counted as many times as the searches expect probes.
+A resumed sweep refines its remaining cells by what the finished ones took against their forecast (`refined`).
+"""
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvsweep.config.schema import KvSweepConfig
+from kvsweep.errors import ConfigError
+from kvsweep.forecast.cell_forecast import CellForecast, ModelCost, forecast_cell
+from kvsweep.forecast.device_rates import DeviceRates, choose_gpu, cpu_rates, gpu_rates
+from kvsweep.forecast.sweep_bill import ForecastCell, SweepBill
+from kvsweep.forecast.terms import Forecast, Term
+from kvsweep.grid import MeasureProtocol, cell_id
+from kvsweep.models.resolve import classify
+from kvsweep.names import Metric
+from kvsweep.plan.cell_plan import PlannedCell
+from kvsweep.plan.memory_fit import weights_bytes
+from kvsweep.plan.sweep_plan import model_facts
+from kvsweep.results import OK, CellResult
+
+if TYPE_CHECKING:
+    from kvsweep.driver.job_sources import JobSource
+    from kvsweep.plan.sweep_plan import PlanLimits
+
+REFINE_TERM = "refined"  # the term a resumed sweep adds: finished cells of the model took this much more (or less)
+
+
+@dataclass(frozen=True)
+class SweepForecast:
+    bill: SweepBill
+    by_id: dict[str, CellForecast]
+
+    def metrics(self, result: CellResult) -> dict[str, float]:
+        """What a finished cell logs: `forecast_s`, `forecast_ratio` (its `cell_wall_s` ÷ it) and the ratio of each
+        term it measures (load, TTFT, TPOT, quality), where it ran and has them."""
+        forecast = self.by_id.get(result.cell_id)
+        if forecast is None or forecast.seconds <= 0:
+            return {}
+        found = {Metric.FORECAST_S: forecast.seconds}
+        if result.status != OK or result.wall_s <= 0:
+            return found
+        found[Metric.FORECAST_RATIO] = result.wall_s / forecast.seconds
+        m = result.metrics
+        pairs = {
+            Metric.FORECAST_RATIO_LOAD: (m.get(Metric.MODEL_LOAD_S), forecast.term("load")),
+            Metric.FORECAST_RATIO_QUALITY: (m.get(Metric.QUALITY_CHECK_S), forecast.term("quality")),
+        }
+        if not result.cell.is_workload:
+            pairs[Metric.FORECAST_RATIO_TTFT] = (_seconds(m.get(Metric.TTFT_MS)), forecast.ttft_s)
+            pairs[Metric.FORECAST_RATIO_TPOT] = (_seconds(m.get(Metric.TPOT_MS)), forecast.tpot_s)
+        for name, (measured, predicted) in pairs.items():
+            if measured is not None and predicted > 0:
+                found[name] = measured / predicted
+        return found
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
+
+
+def device_rates(cfg: KvSweepConfig, device: str) -> DeviceRates:
+    """This CPU's measured rates, or the GPU's datasheet ones (a one-line ConfigError when no GPU is named)."""
+    if device != "cuda":
+        return cpu_rates(cfg.measure.threads)
+    return gpu_rates(choose_gpu(cfg.planner.gpu, local_gpu_names()), cfg.planner.host_link_gbps)
+
+
+def local_gpu_names() -> list[str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def forecast_sweep(
+    cfg: KvSweepConfig,
+    device: str,
+    planned: list[PlannedCell],
+    protocol: MeasureProtocol,
+    slots: int,
+    cluster_gpus: float,
+    gpus_per_cell: int,
+    probes_per_cell: float = 1.0,
+) -> SweepForecast:
+    """Every planned cell that runs, forecast; `probes_per_cell`: a capacity search's expected probes over its first.
+    A GPU sweep planned where no GPU is named or found gets no forecast, saying why (a budget then refuses)."""
+    gpus = 0 if device != "cuda" else int(cfg.planner.gpus or cluster_gpus or 1)
+    try:
+        rates = device_rates(cfg, device)
+    except ConfigError as err:
+        return SweepForecast(SweepBill([], None, gpus, gpus_per_cell, slots, unavailable=str(err)), {})
+    facts, problems = model_facts(list(dict.fromkeys(cfg.grid.models)), cfg.trust_remote_code, cfg.grid.weights)
+    cells, unforecast, by_id = [], [], {}
+    for p in planned:
+        if not p.runs or p.cell.model in problems:
+            continue
+        fact = facts.get(p.cell.model)
+        if fact is None or fact.planned_parameters is None:
+            unforecast.append(f"{p.cell.label}: the model's size is not known here")
+            continue
+        model = ModelCost(
+            fact.planned_parameters, weights_bytes(p.cell, fact.planned_parameters, fact.layout), fact.shape
+        )
+        forecast = forecast_cell(p.cell, protocol, model, rates)
+        if probes_per_cell != 1.0:
+            forecast = _scaled(forecast, probes_per_cell, "probes")
+        cid = cell_id(p.cell, protocol)
+        by_id[cid] = forecast
+        cells.append(ForecastCell(cid, p.cell, forecast))
+    bill = SweepBill(
+        cells,
+        rates,
+        gpus,
+        gpus_per_cell if device == "cuda" else 0,
+        slots if device == "cuda" else 1,
+        cfg.report.gpu_hour_cost,
+        download_bytes=_download_bytes(cfg, facts),
+        unforecast=unforecast,
+    )
+    return SweepForecast(bill, by_id)
+
+
+def _download_bytes(cfg: KvSweepConfig, facts: dict) -> int:
+    """A Hub model's weights in their stored 16-bit form, once each: what the nodes fetch before the first cell."""
+    total = 0
+    for model in dict.fromkeys(cfg.grid.models):
+        fact = facts.get(model)
+        if classify(model).kind == "hub" and fact is not None and fact.parameters:
+            total += 2 * fact.parameters
+    return total
+
+
+def _scaled(forecast: CellForecast, factor: float, why: str) -> CellForecast:
+    terms = tuple(replace(t, seconds=t.seconds * factor) for t in forecast.forecast.terms)
+    note = Term(why, 0.0, f"each term × {factor:.2g}")
+    return replace(forecast, forecast=Forecast((*terms, note)))
+
+
+def refined(forecast: SweepForecast, finished: list[CellResult]) -> tuple[SweepForecast, str]:
+    """The forecast with each model's remaining cells scaled by the median `cell_wall_s` ÷ forecast of its
+    finished cells (a resumed sweep's, on this device), and a line saying so ("" when nothing was refined)."""
+    ratios: dict[str, list[float]] = {}
+    done = set()
+    for result in finished:
+        done.add(result.cell_id)
+        predicted = forecast.by_id.get(result.cell_id)
+        if predicted is not None and result.status == OK and result.wall_s > 0 and predicted.seconds > 0:
+            ratios.setdefault(result.cell.model, []).append(result.wall_s / predicted.seconds)
+    if not ratios:
+        return forecast, ""
+    factor = {model: statistics.median(values) for model, values in ratios.items()}
+    by_id = dict(forecast.by_id)
+    cells = []
+    for c in forecast.bill.cells:
+        if c.cell_id in done:
+            continue
+        scaled = c.forecast
+        if (f := factor.get(c.cell.model)) is not None:
+            scaled = _scaled(c.forecast, f, REFINE_TERM)
+            by_id[c.cell_id] = scaled
+        cells.append(ForecastCell(c.cell_id, c.cell, scaled))
+    said = ", ".join(f"{len(ratios[m])} finished cells took {f:.2g}x" for m, f in factor.items())
+    return SweepForecast(
+        replace(forecast.bill, cells=cells), by_id
+    ), f"forecast refined for the remaining cells: {said}"
+
+
+def forecast_jobs(
+    cfg: KvSweepConfig, device: str, cluster_gpus: float, source: "JobSource", limits: "PlanLimits"
+) -> SweepForecast:
+    """The forecast of the source's planned cells on the cluster (a search's first probes, times its probes)."""
+    from kvsweep.driver.job_sources import SearchJobs
+    from kvsweep.driver.scheduler import max_concurrent
+
+    probes = 1.0
+    if isinstance(source, SearchJobs) and source.searches is not None:
+        probes = source.searches.expected_probes / max(1, len(source.cells))
+    slots = max_concurrent(cfg.ray.max_concurrent, device, cfg.planner.gpus or cluster_gpus, cfg.ray.gpus_per_cell)
+    return forecast_sweep(cfg, device, source.cells, source.protocol, slots, cluster_gpus, limits.gpus, probes)
+
+
+RATIO_WORDS = {
+    Metric.FORECAST_RATIO_LOAD: "model loads",
+    Metric.FORECAST_RATIO_TTFT: "prefills (TTFT)",
+    Metric.FORECAST_RATIO_TPOT: "decode steps (TPOT)",
+    Metric.FORECAST_RATIO_QUALITY: "quality checks",
+}
+
+
+def forecast_summary(results: list[CellResult]) -> str:
+    """The run's end: 'forecast: cells took 1.3x their forecast (median of 12); model loads 0.8x, ...'; '' when
+    no cell has a forecast ratio."""
+    walls = [r.metrics[Metric.FORECAST_RATIO] for r in results if Metric.FORECAST_RATIO in r.metrics]
+    if not walls:
+        return ""
+    total_wall = sum(r.wall_s for r in results if Metric.FORECAST_RATIO in r.metrics)
+    total_forecast = sum(r.metrics[Metric.FORECAST_S] for r in results if Metric.FORECAST_RATIO in r.metrics)
+    parts = []
+    for metric, words in RATIO_WORDS.items():
+        values = [r.metrics[metric] for r in results if metric in r.metrics]
+        if values:
+            parts.append(f"{words} {statistics.median(values):.2g}x")
+    return (
+        f"forecast: cells took {statistics.median(walls):.2g}x their forecast (median of {len(walls)}; "
+        f"{total_wall / total_forecast:.2g}x in total)" + (f"; {', '.join(parts)}" if parts else "")
+    )

@@ -1,0 +1,196 @@
+"""A cell's seconds, forecast term by term from what the planner knows: the model's size and shape, the cell's
+shape and cache, the measuring protocol, and the device's rates.
+
+A call is a prefill (its FLOPs at the device's FLOP rate, plus each layer's host overhead) and `new - 1` decode
+steps (the weights and the cache's bytes at its bandwidth, an offloaded cache's copies at the host link's rate,
+plus each layer's overhead). A cell is its start, its model's load, a compile allowance where it compiles, the cold
+call, the warmup calls, the measured calls (the protocol's repeats, raised to its time floor and capped by its
+ceiling, as `measure.sampling` stops) and the quality calls (the task prompts, dynamic's reference and the
+teacher-forced run). A workload cell replays its mix instead: each request (sequential), each static batch padded
+to its longest (batched), or batches of B sharing their decode steps (continuous).
+
+The forecast targets `cell_wall_s`, the cell as the driver saw it, from its actor's start to its result.
+"""
+
+import math
+from dataclasses import dataclass
+
+from kvsweep.caches import BASELINE, CacheStrategy, get_strategy
+from kvsweep.forecast.device_rates import DeviceRates
+from kvsweep.forecast.terms import Forecast, Term, duration, prefill_flops
+from kvsweep.grid import Cell, MeasureProtocol
+from kvsweep.inputs.spec import RANDOM
+from kvsweep.models.shape import KvShape
+from kvsweep.plan.kv_prediction import decode_kv_traffic
+from kvsweep.workload.request_mix import RequestMix
+from kvsweep.workload.workload_spec import BATCHED, SEQUENTIAL, fitted
+
+# Host time of a decode step beyond a dense cache's, per family: quantizing and dequantizing in Python each step,
+# or continuous batching's scheduler thread (measured on this CPU: BENCHMARKS.md, "Forecast" and "Paged fidelity").
+STEP_OVERHEAD_FACTOR = {"quantized": 2.5, "paged": 2.3, "offloaded": 1.5}
+ANSWER_TOKENS = 19  # a task trial's new tokens: a passkey's seven digits and room for a preamble (`passkey.py`)
+LOGITS_PASSES = 2  # the quality check's calls: dynamic's reference and the teacher-forced run of the strategy
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one model costs a forward pass: its parameters (every weight multiplies every token), the bytes its
+    weights take as the cell loads them (each decode step reads them all), and its shape."""
+
+    parameters: int
+    weight_bytes: int
+    shape: KvShape
+
+
+@dataclass(frozen=True)
+class CellForecast:
+    """A cell's forecast (its terms) and the per-call figures behind it, set against what the cell measures."""
+
+    forecast: Forecast
+    ttft_s: float  # one call's prefill (a fixed-shape cell's `ttft_ms`)
+    tpot_s: float  # one call's decode step (its `tpot_ms`)
+
+    @property
+    def seconds(self) -> float:
+        return self.forecast.total
+
+    def term(self, name: str) -> float:
+        return sum(t.seconds for t in self.forecast.terms if t.name == name)
+
+
+@dataclass(frozen=True)
+class CallCost:
+    prefill_s: float
+    step_s: float
+
+    def call(self, new: int) -> float:
+        """`generate` of `new` tokens: the prefill makes the first, each further one is a decode step."""
+        return self.prefill_s + max(new - 1, 0) * self.step_s
+
+
+def call_cost(
+    strategy: CacheStrategy, cell: Cell, model: ModelCost, rates: DeviceRates, context: int, new: int, rows: int
+) -> CallCost:
+    """One call's prefill and its mean decode step on `rates`."""
+    shape = model.shape
+    width = shape.hidden_size or shape.kv_heads * shape.head_dim
+    overhead = shape.layers * rates.layer_overhead_s
+    if strategy.implementation is None:  # no cache: every step runs the whole sequence again
+        flops = prefill_flops(model.parameters, context + new // 2, shape.layers, width, rows)
+        step = flops / rates.flop_rate + overhead
+        return CallCost(prefill_flops(model.parameters, context, shape.layers, width, rows) / rates.flop_rate, step)
+    prefill = prefill_flops(model.parameters, context, shape.layers, width, rows) / rates.flop_rate + overhead
+    traffic = decode_kv_traffic(strategy, shape, rows, cell.dtype, context, new)
+    step = (model.weight_bytes + traffic.device_bytes) / rates.bandwidth
+    step += traffic.host_link_bytes / rates.host_link
+    step += overhead * STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0)
+    return CallCost(prefill, step)
+
+
+def expected_measured(protocol: MeasureProtocol, call_s: float) -> int:
+    """Measured calls on a quiet device: the repeats, more to fill the time floor, at most the repeat cap and what
+    fits the time ceiling (a precision target is taken as met at the floor; contended calls as none)."""
+    m = protocol.measure
+    count = max(m.repeats, math.ceil(m.min_duration_s / call_s) if call_s > 0 else m.repeats)
+    count = min(count, m.repeat_cap)
+    if m.max_duration_s > 0 and call_s > 0:
+        count = min(count, max(m.repeats, math.ceil(m.max_duration_s / call_s)))
+    return count
+
+
+def forecast_cell(
+    cell: Cell, protocol: MeasureProtocol, model: ModelCost, rates: DeviceRates, compile_s: float | None = None
+) -> CellForecast:
+    """`compile_s`: a compiled cell of this model measured already (its cold call), else the device's allowance."""
+    strategy = get_strategy(cell.cache)
+    start = [
+        Term("start", rates.start_s, "actor, device set-up and probes"),
+        Term("load", model.weight_bytes / rates.load_rate, f"{model.weight_bytes / 1e9:.2g} GB at {_rate(rates)}"),
+    ]
+    compiled = compile_s if compile_s is not None else rates.compile_allowance_s
+    if cell.is_workload:
+        return _workload(cell, protocol, model, rates, strategy, start, compiled)
+    cost = call_cost(strategy, cell, model, rates, cell.context_length, cell.max_new_tokens, cell.batch_size)
+    call = cost.call(cell.max_new_tokens)
+    terms = [*start]
+    if cell.compile:
+        terms.append(Term("compile", compiled, "measured" if compile_s is not None else "allowance"))
+    terms.append(Term("cold call", call, _call_text(cost, cell.max_new_tokens)))
+    warmup = protocol.measure.warmup
+    terms.append(Term("warmup", warmup * call, f"{warmup} × {duration(call)}"))
+    measured = expected_measured(protocol, call)
+    terms.append(Term("measured", measured * call, f"{measured} × {duration(call)}"))
+    terms.append(_quality(cell, protocol, strategy, model, rates, call))
+    return CellForecast(Forecast(tuple(terms)), cost.prefill_s, cost.step_s)
+
+
+def _quality(
+    cell: Cell, protocol: MeasureProtocol, strategy: CacheStrategy, model: ModelCost, rates: DeviceRates, call: float
+) -> Term:
+    """The task's calls (the cell's own strategy) and, beside dynamic, its reference and teacher-forced calls."""
+    trials = protocol.inputs.quality_trials
+    tasks = 0 if cell.inputs == RANDOM or trials <= 0 else math.ceil(trials / cell.batch_size)
+    answer = call_cost(strategy, cell, model, rates, cell.context_length, ANSWER_TOKENS, cell.batch_size)
+    passes = 0 if strategy.name == BASELINE else (LOGITS_PASSES if strategy.takes_logits_processors else 1)
+    seconds = tasks * answer.call(ANSWER_TOKENS) + passes * call
+    return Term("quality", seconds, f"{tasks} task calls + {passes} comparison calls")
+
+
+def _workload(
+    cell: Cell,
+    protocol: MeasureProtocol,
+    model: ModelCost,
+    rates: DeviceRates,
+    strategy: CacheStrategy,
+    start: list[Term],
+    compile_s: float,
+) -> CellForecast:
+    workload = protocol.workload
+    if workload is None:
+        raise ValueError(f"workload cell {cell.label} but the protocol carries no workload")
+    mix = fitted(workload.mix_for(cell.model), model.shape.max_positions)
+    replay = replay_seconds(mix, cell, strategy, model, rates)
+    terms = [*start]
+    if cell.compile:
+        shapes = len(mix.input_lengths)
+        terms.append(Term("compile", shapes * compile_s, f"{shapes} prompt lengths × {duration(compile_s)}"))
+        terms.append(Term("cold replay", replay, f"{len(mix)} requests"))
+    warm = workload.warmup_requests
+    if warm and not cell.compile:
+        warmup = replay_seconds(RequestMix(mix.name, mix.requests[:warm]), cell, strategy, model, rates)
+        terms.append(Term("warmup", warmup, f"the first {warm} requests"))
+    terms.append(Term("replay", replay, f"{len(mix)} requests, {cell.serving}"))
+    one = call_cost(strategy, cell, model, rates, mix.longest_input, 2, 1)
+    return CellForecast(Forecast(tuple(terms)), one.prefill_s, one.step_s)
+
+
+def replay_seconds(mix: RequestMix, cell: Cell, strategy: CacheStrategy, model: ModelCost, rates: DeviceRates) -> float:
+    """One replay of `mix`: each request alone (sequential), each static batch at its longest prompt and output
+    (batched), or each run of B consecutive requests sharing its decode steps (continuous, its prefills apart);
+    an open loop lasts at least until its last arrival."""
+    requests = mix.requests
+    seconds = 0.0
+    if cell.serving == SEQUENTIAL:
+        for r in requests:
+            seconds += call_cost(strategy, cell, model, rates, r.input_tokens, r.output_tokens, 1).call(r.output_tokens)
+    else:
+        rows = cell.batch_size
+        for start in range(0, len(requests), rows):
+            group = requests[start : start + rows]
+            longest, most = max(r.input_tokens for r in group), max(r.output_tokens for r in group)
+            shared = call_cost(strategy, cell, model, rates, longest, most, len(group))
+            if cell.serving == BATCHED:
+                seconds += shared.call(most)
+            else:  # continuous: no padding, each prompt's own prefill, then the shared steps
+                prefills = sum(call_cost(strategy, cell, model, rates, r.input_tokens, 2, 1).prefill_s for r in group)
+                seconds += prefills + (most - 1) * shared.step_s
+    last = requests[-1].arrival_s
+    return max(seconds, last) if last is not None else seconds
+
+
+def _call_text(cost: CallCost, new: int) -> str:
+    return f"prefill {duration(cost.prefill_s)} + {max(new - 1, 0)} × {duration(cost.step_s)}"
+
+
+def _rate(rates: DeviceRates) -> str:
+    return f"{rates.load_rate / 1e9:.2g} GB/s"

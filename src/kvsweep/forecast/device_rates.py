@@ -1,0 +1,120 @@
+"""What a forecast divides by: the rates of the device the cells will run on, sustained, and where they come from.
+
+A GPU's are its datasheet peaks (`gpu_datasheet.py`, chosen by `planner.gpu` or detected from the local GPU's name)
+times the shares in `sustained.py`: uncalibrated until a GPU run has measured them, and said so. A CPU's are
+measured here, in-process, as the cells will see them: a float32 matmul's FLOP/s and the copy bandwidth the cells
+probe too (`measure.bandwidth`), times shares calibrated on this project's CPU (`CPU_*` below, BENCHMARKS.md).
+"""
+
+import time
+from dataclasses import dataclass
+
+from kvsweep.errors import ConfigError
+from kvsweep.forecast import sustained
+from kvsweep.forecast.gpu_datasheet import GPUS, Gpu, detect, gpu_by_key
+from kvsweep.units import GB
+
+# A CPU cell's rates against what the probes read, and its fixed costs: calibrated by
+# `scripts/benchmarks/forecast_accuracy.py` on this project's 2-core CPU (BENCHMARKS.md, "Forecast").
+CPU_FLOP_FRACTION = 0.5  # a prefill's matmuls and attention, against the probe's square float32 matmul
+CPU_BANDWIDTH_FRACTION = 0.9  # a decode step's reads, against the probe's large copy
+CPU_LAYER_OVERHEAD_S = 5e-5  # host time a decoder layer adds to each forward (Python, module calls, small ops)
+CPU_START_S = 0.6  # an actor from the warm template to its first call: device set-up, the bandwidth probe
+CPU_LOAD_BYTES_PER_S = 2 * GB  # building the model from its files (a preset: initialising random weights)
+CPU_COMPILE_ALLOWANCE_S = 60.0  # torch.compile of a cell's forward (each new shape: again), until one was measured
+
+GPU_START_S = 15.0  # actor start, CUDA context, imports beyond the warm template: a guess until a GPU run
+GPU_COMPILE_ALLOWANCE_S = 90.0  # Inductor + CUDA graphs capture of a decode step: a guess until a GPU run
+
+PROBE_SIDE = 1024  # the FLOP probe's matrices: beyond the caches, small enough to run in a few milliseconds
+PROBE_SECONDS = 0.3
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Sustained rates of one device, the fixed costs of a cell on it, and what they rest on."""
+
+    name: str  # "NVIDIA H100 SXM5 80GB (datasheet)", "this CPU (measured)"
+    flop_rate: float  # FLOP/s a prefill sustains
+    bandwidth: float  # device-memory bytes/s a decode step sustains
+    host_link: float  # bytes/s one way between host and device (offloaded caches)
+    load_rate: float  # model bytes/s from its files to the device
+    layer_overhead_s: float  # host seconds a decoder layer adds to every forward pass
+    start_s: float  # a cell's start: its process, device set-up and probes, before the model loads
+    compile_allowance_s: float  # torch.compile of one shape, until a compiled cell of the model was measured
+    calibrated: bool  # False: datasheet shares no run has checked (a GPU until its first run)
+    gpu: Gpu | None = None
+
+    def label(self) -> str:
+        return f"{self.name}, {'calibrated' if self.calibrated else 'uncalibrated (datasheet shares)'}"
+
+
+def gpu_rates(gpu: Gpu, host_link_gbps: float) -> DeviceRates:
+    """A GPU's datasheet peaks at the sustained shares; the host link as configured (`planner.host_link_gbps`,
+    already a sustained rate)."""
+    return DeviceRates(
+        name=f"{gpu.name} (datasheet)",
+        flop_rate=gpu.bf16_flops * sustained.GPU_FLOP_FRACTION,
+        bandwidth=gpu.memory_bandwidth * sustained.GPU_BANDWIDTH_FRACTION,
+        host_link=host_link_gbps * GB,
+        load_rate=sustained.LOAD_BYTES_PER_S,
+        layer_overhead_s=sustained.LAYER_OVERHEAD_S,
+        start_s=GPU_START_S,
+        compile_allowance_s=GPU_COMPILE_ALLOWANCE_S,
+        calibrated=False,
+        gpu=gpu,
+    )
+
+
+def choose_gpu(key: str, local_names: list[str]) -> Gpu:
+    """`planner.gpu` when set, else the local GPU detected from its driver name; a one-line `ConfigError` when
+    neither says which GPU (a CUDA sweep planned from a machine without one, or a GPU not in the table)."""
+    if key:
+        return gpu_by_key(key)
+    for name in local_names:
+        if (found := detect(name)) is not None:
+            return found
+    known = ", ".join(g.key for g in GPUS)
+    seen = f"the local GPU is {local_names[0]!r}, not in the table" if local_names else "no local GPU"
+    raise ConfigError(f"planner.gpu is not set and {seen}: name the GPU the forecast assumes ({known})")
+
+
+def cpu_rates(threads: int = 0) -> DeviceRates:
+    """This CPU's rates, measured now (about half a second), at the calibrated shares."""
+    from kvsweep.measure.bandwidth import device_bandwidth
+
+    flops = probe_flop_rate(threads)
+    bandwidth = device_bandwidth("cpu").gbps * GB
+    return DeviceRates(
+        name=f"this CPU (measured: {flops / 1e9:.0f} GFLOP/s, {bandwidth / GB:.1f} GB/s)",
+        flop_rate=flops * CPU_FLOP_FRACTION,
+        bandwidth=bandwidth * CPU_BANDWIDTH_FRACTION,
+        host_link=bandwidth * CPU_BANDWIDTH_FRACTION,  # an "offload" on a CPU copies within host memory
+        load_rate=CPU_LOAD_BYTES_PER_S,
+        layer_overhead_s=CPU_LAYER_OVERHEAD_S,
+        start_s=CPU_START_S,
+        compile_allowance_s=CPU_COMPILE_ALLOWANCE_S,
+        calibrated=True,
+    )
+
+
+def probe_flop_rate(threads: int = 0) -> float:
+    """FLOP/s of a square float32 matmul, best of repeated readings over `PROBE_SECONDS` (`threads` > 0: with that
+    many threads, as `measure.threads` runs a cell; else torch's default, every core, as a CPU cell runs)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        a = torch.randn(PROBE_SIDE, PROBE_SIDE)
+        b = torch.randn(PROBE_SIDE, PROBE_SIDE)
+        torch.mm(a, b)  # first touch: page faults and thread start are not compute
+        best, until = float("inf"), time.perf_counter() + PROBE_SECONDS
+        while time.perf_counter() < until:
+            started = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - started)
+        return 2 * PROBE_SIDE**3 / best
+    finally:
+        torch.set_num_threads(before)

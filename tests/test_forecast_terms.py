@@ -1,0 +1,120 @@
+"""The forecast's terms against arithmetic done by hand here, never against what the code printed."""
+
+import pytest
+
+from kvsweep.forecast import sustained
+from kvsweep.forecast.terms import (
+    Forecast,
+    Term,
+    decode_seconds,
+    decode_term,
+    duration,
+    load_seconds,
+    load_term,
+    prefill_flops,
+    prefill_seconds,
+    prefill_term,
+    sci,
+)
+
+# An 8B Llama-shaped decoder: 32 layers, hidden (= heads x head_dim) 4096.
+PARAMS, LAYERS, HIDDEN = 8_000_000_000, 32, 4096
+
+
+def test_an_8b_prefill_of_1000_tokens_is_2_x_params_x_tokens_plus_causal_attention():
+    matmuls = 2 * 8e9 * 1000  # 1.6e13: one multiply-add (2 FLOP) per weight per token
+    # QK^T and AV: 2 matmuls x 2 FLOP x 32 layers x 4096 x 1000^2, half of it under a causal mask: 2.62144e11
+    attention = 2 * 32 * 4096 * 1_000_000
+    assert matmuls == 1.6e13
+    assert attention == 262_144_000_000
+    assert prefill_flops(PARAMS, 1000, LAYERS, HIDDEN) == pytest.approx(16_262_144_000_000, rel=1e-12)
+
+
+def test_a_batch_multiplies_the_prefill_and_attention_grows_with_the_square_of_the_tokens():
+    one = prefill_flops(PARAMS, 1000, LAYERS, HIDDEN)
+    assert prefill_flops(PARAMS, 1000, LAYERS, HIDDEN, batch=4) == pytest.approx(4 * one)
+    # Doubling the tokens doubles the matmuls (3.2e13) and quadruples attention (1.048576e12).
+    assert prefill_flops(PARAMS, 2000, LAYERS, HIDDEN) == pytest.approx(3.2e13 + 1_048_576_000_000)
+    # Without weights, what is left is attention alone: 2 x 32 x 4096 x 10^2 at 10 tokens.
+    assert prefill_flops(0, 10, LAYERS, HIDDEN) == 2 * 32 * 4096 * 100
+
+
+def test_prefill_seconds_divide_by_the_sustained_rate():
+    # 1.6e13 FLOP on an H100 SXM's 989.4e12 FLOP/s at 0.6 of it: 1.6e13 / 5.9364e14 = 0.026952...
+    assert prefill_seconds(1.6e13, 989.4e12 * 0.6) == pytest.approx(0.0269523617, rel=1e-9)
+
+
+def test_decode_seconds_are_bytes_over_bandwidth_plus_the_steps_overhead():
+    # 16 GB of bf16 weights at 3.2 TB/s: 5 ms; plus 1 ms of host time.
+    assert decode_seconds(16e9, 3.2e12, overhead_s=0.0) == pytest.approx(0.005)
+    assert decode_seconds(16e9, 3.2e12, overhead_s=0.001) == pytest.approx(0.006)
+
+
+def test_an_offloaded_caches_host_link_bytes_add_in_series():
+    # 2 GB there and back at 25 GB/s: 80 ms, after the 5 ms of reads and 1 ms of overhead.
+    seconds = decode_seconds(16e9, 3.2e12, host_link_bytes=2e9, host_link_bandwidth=25e9, overhead_s=0.001)
+    assert seconds == pytest.approx(0.086)
+
+
+def test_host_link_bytes_without_a_link_rate_are_refused():
+    with pytest.raises(ValueError, match="host-link bandwidth"):
+        decode_seconds(16e9, 3.2e12, host_link_bytes=2e9)
+
+
+def test_the_default_step_overhead_is_a_32_layer_decoders():
+    assert decode_seconds(0.0, 1.0) == pytest.approx(32 * sustained.LAYER_OVERHEAD_S)
+    assert sustained.step_overhead_s(80) == pytest.approx(80 * sustained.LAYER_OVERHEAD_S)
+
+
+def test_load_seconds_are_bytes_over_the_rate():
+    assert load_seconds(16e9, 2e9) == 8.0
+
+
+def test_the_sustained_fractions_are_shares():
+    for fraction in (sustained.GPU_FLOP_FRACTION, sustained.GPU_BANDWIDTH_FRACTION, sustained.HOST_LINK_FRACTION):
+        assert 0 < fraction <= 1
+
+
+def test_the_prefill_term_writes_its_arithmetic_out():
+    term = prefill_term(1.6e13, 989.4e12, fraction=0.5, calls=3)
+    assert term.seconds == pytest.approx(3 * 1.6e13 / 494.7e12)  # 0.09703 s
+    assert term.detail == "3 × 1.6e13 FLOP ÷ (9.9e14 FLOP/s × 0.5)"
+    assert prefill_term(1.6e13, 989.4e12, fraction=0.5).detail == "1.6e13 FLOP ÷ (9.9e14 FLOP/s × 0.5)"
+
+
+def test_the_decode_term_counts_every_step_at_the_sustained_shares():
+    # 127 steps x (16e9 B / (3.35e12 x 0.8) + 2e9 B / (32e9 x 0.8) + 10 ms)
+    per_step = 16e9 / 2.68e12 + 2e9 / 25.6e9 + 0.01  # 5.970 ms + 78.125 ms + 10 ms
+    term = decode_term(16e9, 127, 3.35e12, 0.8, host_link_bytes=2e9, host_link_bandwidth=32e9, overhead_s=0.01)
+    assert term.seconds == pytest.approx(127 * per_step)
+    assert term.detail == "127 steps × (1.6e10 B ÷ (3.4e12 B/s × 0.8) + 2.0e9 B ÷ (3.2e10 B/s × 0.8) + 10 ms)"
+
+
+def test_a_forecast_sums_its_terms_and_names_the_largest():
+    terms = (Term("load", 8.0, "16 GB ÷ 2 GB/s"), Term("prefill", 2.0), Term("decode", 30.0, "many steps"))
+    bill = Forecast(terms)
+    assert bill.total == 40.0
+    assert bill.largest == terms[2]
+    assert Forecast().largest is None and Forecast().total == 0
+
+
+def test_describe_gives_one_line_per_term_with_its_share():
+    bill = Forecast((Term("load", 8.0, "16 GB ÷ 2 GB/s"), Term("prefill", 2.0), Term("decode", 30.0, "many steps")))
+    lines = bill.describe().splitlines()
+    assert len(lines) == 3
+    assert lines[0].split() == ["load", "8", "s", "20%", "16", "GB", "÷", "2", "GB/s"]  # 8 of 40 s
+    assert lines[1].split() == ["prefill", "2", "s", "5%"]
+    assert lines[2].split() == ["decode", "30", "s", "75%", "many", "steps"]
+
+
+def test_numbers_are_written_as_a_person_writes_them():
+    assert sci(1.6e13) == "1.6e13"
+    assert sci(0.0025) == "2.5e-3"
+    assert load_term(16e9, 2e9).detail == "1.6e10 B ÷ 2.0e9 B/s"
+    assert [duration(s) for s in (0.00084, 0.0123, 4.2, 210, 7560)] == [
+        "840 µs",
+        "12.3 ms",
+        "4.2 s",
+        "3.5 min",
+        "2.1 h",
+    ]
