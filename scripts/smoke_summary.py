@@ -56,6 +56,7 @@ from pathlib import Path
 from smoke_gpu_readings import gpu_line, numa_problems, split_energy_text, split_gpu_mismatch
 
 from kvsweep.cell.cpu_slots import SLOT
+from kvsweep.driver.sweep_forecast import forecast_summary
 from kvsweep.grid import strategy_label
 from kvsweep.names import Metric, ResultTag
 from kvsweep.plan.triton_launcher import LAUNCHER_REASON_PREFIX
@@ -246,6 +247,19 @@ def _overlap(a: CellResult, b: CellResult) -> bool:
     return start_a < end_b and start_b < end_a
 
 
+def forecast_lines(results: list[CellResult]) -> list[str]:
+    """Each cell's seconds against its forecast (the GPU figures' first check: paste these into BENCHMARKS.md),
+    and the run's summary; information, never a problem."""
+    lines = [
+        f"forecast: {_label(r)} took {r.wall_s:.1f} s, forecast {r.metrics[Metric.FORECAST_S]:.1f} s: "
+        f"{r.metrics[Metric.FORECAST_RATIO]:.2f}x"
+        for r in results
+        if Metric.FORECAST_RATIO in r.metrics
+    ]
+    summary = forecast_summary(results)
+    return [*lines, summary] if summary else ["forecast: no cell has a forecast ratio"]
+
+
 def toolchain_skips(results: list[CellResult]) -> int:
     """Compiled cells skipped because this node cannot build Triton's launcher (the planner's reason)."""
     return sum(r.cell.compile and r.status == SKIPPED and r.error.startswith(LAUNCHER_REASON_PREFIX) for r in results)
@@ -433,6 +447,8 @@ def main(argv: list[str]) -> int:
         for problem in numa:
             print(f"NUMA SLOT: {problem}")
         failures += len(numa)
+    for line in forecast_lines(results):
+        print(line)
     print(f"compiled cells skipped for the toolchain: {toolchain_skips(results)}")
     failures += forked_problems(results)
     if args.expect_cuda_init_error:

@@ -77,6 +77,9 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
         assert run.data.params["context_length"] == "128" and run.data.params["device"] == "cpu"
         # The default preset: at least measure.repeats runs and 2 s of them, at most 30.
         assert 2 <= run.data.metrics["repeats"] <= 30
+        # The forecast made before it ran, and what it took against it (docs/forecast.md)
+        m = run.data.metrics
+        assert m["forecast_s"] > 0 and m["forecast_ratio"] == pytest.approx(m["cell_wall_s"] / m["forecast_s"])
         samples = json.loads(
             Path(MlflowClient(uri).download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read_text()
         )
@@ -94,6 +97,8 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     assert skipped.data.tags["kvsweep.status"] == "skipped" and "CUDA" in skipped.data.tags["kvsweep.error"]
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "results.csv", "plan.txt"} <= artifacts
+    assert "forecast: 2 cells" in (tmp_path / "run" / "plan.txt").read_text()  # offloaded: skipped on a CPU
+    assert "cells took" in proc.stdout and (tmp_path / "run" / "report" / "plots" / "forecast_ratio.png").is_file()
     assert "parent run" in proc.stdout and "mlflow ui --backend-store-uri" in proc.stdout
     assert "/#/experiments/" in proc.stdout
     assert (tmp_path / "run" / "results.csv").exists() and (tmp_path / "run" / ".hydra" / "config.yaml").exists()

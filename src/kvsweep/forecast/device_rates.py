@@ -16,11 +16,11 @@ from kvsweep.units import GB
 
 # A CPU cell's rates against what the probes read, and its fixed costs: calibrated by
 # `scripts/benchmarks/forecast_accuracy.py` on this project's 2-core CPU (BENCHMARKS.md, "Forecast").
-CPU_FLOP_FRACTION = 0.5  # a prefill's matmuls and attention, against the probe's square float32 matmul
-CPU_BANDWIDTH_FRACTION = 0.9  # a decode step's reads, against the probe's large copy
-CPU_LAYER_OVERHEAD_S = 5e-5  # host time a decoder layer adds to each forward (Python, module calls, small ops)
-CPU_START_S = 0.6  # an actor from the warm template to its first call: device set-up, the bandwidth probe
-CPU_LOAD_BYTES_PER_S = 2 * GB  # building the model from its files (a preset: initialising random weights)
+CPU_FLOP_FRACTION = 0.84  # a prefill's matmuls and attention, against the probe's square float32 matmul
+CPU_BANDWIDTH_FRACTION = 0.31  # a decode step's bytes, against the probe's copy (which counts read + write)
+CPU_LAYER_OVERHEAD_S = 4.6e-4  # host time a decoder layer adds to each forward (Python, module calls, small ops)
+CPU_START_S = 0.48  # an actor from the warm template to its first call: device set-up, the bandwidth probe
+CPU_LOAD_BYTES_PER_S = 0.95e9  # building the model from its files (a preset: initialising random weights)
 CPU_COMPILE_ALLOWANCE_S = 60.0  # torch.compile of a cell's forward (each new shape: again), until one was measured
 
 GPU_START_S = 15.0  # actor start, CUDA context, imports beyond the warm template: a guess until a GPU run

@@ -55,6 +55,11 @@ class SweepBill:
         return (self.cell_seconds * self.gpus_per_cell + self.download_s * self.gpus) / 3600
 
     @property
+    def budget_hours(self) -> float:
+        """What `planner.max_gpu_hours` is held against: GPU-hours, or on a CPU the sweep's own hours."""
+        return self.gpu_hours if self.gpus else self.wall_s / 3600
+
+    @property
     def wall_s(self) -> float:
         return self.download_s + packed_seconds([c.forecast.seconds for c in self.cells], self.slots)
 
@@ -88,12 +93,13 @@ class SweepBill:
         """A one-line `ConfigError` when the forecast is over `planner.max_gpu_hours` (0: no budget)."""
         if max_gpu_hours > 0 and self.rates is None:
             raise ConfigError(f"planner.max_gpu_hours={max_gpu_hours:g} needs a forecast: {self.unavailable}")
-        if max_gpu_hours > 0 and self.gpu_hours > max_gpu_hours:
+        if max_gpu_hours > 0 and self.budget_hours > max_gpu_hours:
             top = self.largest(1)
             biggest = f"; the largest cell is {top[0].cell.label} ({duration(top[0].forecast.seconds)})" if top else ""
+            unit = "GPU-hours" if self.gpus else "hours"
             raise ConfigError(
-                f"planner.max_gpu_hours={max_gpu_hours:g}: the sweep is forecast to take {self.gpu_hours:.2f} "
-                f"GPU-hours on {self.rates.name if self.rates else '?'}{biggest}; raise the budget or shrink the grid"
+                f"planner.max_gpu_hours={max_gpu_hours:g}: the sweep is forecast to take {self.budget_hours:.2f} "
+                f"{unit} on {self.rates.name if self.rates else '?'}{biggest}; raise the budget or shrink the grid"
             )
 
 

@@ -13,6 +13,7 @@ from kvsweep.names import CAPACITY_CSV, REPORT_DIR
 from kvsweep.report.capacity_assessment import Capacity, CapacityContext, assess
 from kvsweep.report.capacity_report import capacity_csv, capacity_section, draw_capacity
 from kvsweep.report.compile_payback import payback_findings
+from kvsweep.report.forecast_figure import draw_forecast
 from kvsweep.report.html_page import render_page
 from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.plots import colours, draw_facets
@@ -113,6 +114,8 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         section = capacity_section(capacity)
         (folder / CAPACITY_CSV).write_text(capacity_csv(capacity))
         plots = [*draw_capacity(capacity, colours(results), folder / "plots"), *plots]
+    if (forecast := draw_forecast(results, colours(results), folder / "plots")) is not None:
+        plots = [*plots, forecast]
     weights_kv = weights_kv_tables(shaped)
     workloads = workload_section(results, folder / "plots", context.links)  # None without workload cells
     (folder / "selection.md").write_text(

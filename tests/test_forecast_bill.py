@@ -1,0 +1,170 @@
+"""The forecast as a user meets it: each cell's terms worked out by hand, the sweep's bill, the budget's refusal,
+the ETA and a resumed sweep's refinement; and every bundled sweep's dry run prints its bill."""
+
+import io
+import math
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from kvsweep.caches import get_strategy
+from kvsweep.cli import main
+from kvsweep.config.compose import compose_config
+from kvsweep.driver.progress import SweepProgress
+from kvsweep.driver.sweep_forecast import SweepForecast, forecast_summary, refined
+from kvsweep.forecast.cell_forecast import ModelCost, expected_measured, forecast_cell
+from kvsweep.forecast.device_rates import DeviceRates
+from kvsweep.forecast.sweep_bill import ForecastCell, SweepBill, packed_seconds
+from kvsweep.grid import Cell
+from kvsweep.models.facts import read_facts
+from kvsweep.models.presets import PRESETS
+from kvsweep.models.resolve import classify
+from kvsweep.names import Metric
+from kvsweep.plan.kv_prediction import decode_kv_traffic
+from kvsweep.plan.sweep_plan import protocol_of
+from kvsweep.results import CellResult
+
+# Round rates so every term is a short division: 1 TFLOP/s, 100 GB/s, no host overhead, a 1 s start.
+RATES = DeviceRates("test device", 1e12, 1e11, 1e10, 1e9, 0.0, 1.0, 10.0, calibrated=True)
+
+
+def tiny_llama() -> ModelCost:
+    parameters = PRESETS["tiny-llama"].parameters()
+    shape = read_facts(classify("tiny-llama")).shape
+    return ModelCost(parameters, parameters * 4, shape)  # float32: 4 bytes a weight
+
+
+def kvsweep(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_cells_terms_are_the_prefill_flops_and_the_planners_decode_bytes_over_the_rates():
+    """tiny-llama, 512 prompt tokens, 32 new, dynamic: the prefill is 2·P·N + 2·L·H·N² FLOPs at 1 TFLOP/s, a
+    decode step the weights and the planner's cache bytes at 100 GB/s; the measured calls fill the 2 s floor."""
+    model = tiny_llama()
+    shape = model.shape
+    cell = Cell("tiny-llama", "float32", 512, 1, 32, "dynamic", False)
+    cfg = compose_config(["measure.warmup=1", "measure.repeats=5", "measure.min_duration_s=2"]).config
+    protocol = protocol_of(cfg.measure, "cpu", _random_inputs(cfg))
+    forecast = forecast_cell(cell, protocol, model, RATES)
+    prefill = (2 * model.parameters * 512 + 2 * shape.layers * shape.hidden_size * 512**2) / 1e12
+    kv = decode_kv_traffic(get_strategy("dynamic"), shape, 1, "float32", 512, 32).device_bytes
+    step = (model.weight_bytes + kv) / 1e11
+    call = prefill + 31 * step
+    assert forecast.ttft_s == pytest.approx(prefill) and forecast.tpot_s == pytest.approx(step)
+    assert forecast.term("cold call") == pytest.approx(call)
+    assert forecast.term("warmup") == pytest.approx(call)
+    calls = min(max(5, math.ceil(2 / call)), cfg.measure.repeat_cap)
+    assert forecast.term("measured") == pytest.approx(calls * call)
+    assert forecast.term("load") == pytest.approx(model.weight_bytes / 1e9)
+    assert forecast.term("start") == 1.0 and forecast.term("quality") == 0.0  # dynamic on random ids: no checks
+    assert forecast.seconds == pytest.approx(1.0 + model.weight_bytes / 1e9 + (2 + calls) * call)
+
+
+def _random_inputs(cfg):
+    from kvsweep.plan.sweep_plan import inputs_spec
+
+    return inputs_spec(cfg)
+
+
+@pytest.mark.parametrize(
+    ("call_s", "expected"),
+    [
+        (0.1, 20),  # 2 s floor / 0.1 s: 20 calls, above the 5 repeats
+        (1.0, 5),  # the floor is met by the repeats
+        (0.001, 30),  # 2,000 calls would fill the floor: the cap of 30
+        (20.0, 5),  # slow calls: never fewer than the repeats, whatever the 60 s ceiling says
+    ],
+)
+def test_measured_calls_follow_the_protocols_floor_cap_and_ceiling(call_s, expected):
+    cfg = compose_config(
+        ["measure.repeats=5", "measure.min_duration_s=2", "measure.max_repeats=30", "measure.max_duration_s=60"]
+    ).config
+    assert expected_measured(protocol_of(cfg.measure, "cpu", _random_inputs(cfg)), call_s) == expected
+
+
+def test_the_bill_packs_cells_longest_first_and_counts_gpus_and_downloads():
+    """Cells of 3, 3, 2, 2 and 2 h on 2 slots: 3|3, then 2 on each (5|5), then one more: 7 h. GPU-hours: 12 h of
+    cells on 2 GPUs each, plus a 720 GB download (1 h at 200 MB/s) the 4 GPUs wait through."""
+    assert packed_seconds([3, 3, 2, 2, 2], 2) == 7
+    hours = [3, 3, 2, 2, 2]
+    cells = [_forecast_cell(f"c{i}", h * 3600) for i, h in enumerate(hours)]
+    bill = SweepBill(cells, RATES, gpus=4, gpus_per_cell=2, slots=2, gpu_hour_cost=2.5, download_bytes=720 * 10**9)
+    assert bill.gpu_hours == pytest.approx(12 * 2 + 1 * 4)
+    assert bill.wall_s == pytest.approx((1 + 7) * 3600)
+    assert "28.00 GPU-hours" in bill.lines()[0] and "70.00 at 2.5 a GPU-hour" in bill.lines()[0]
+
+
+def _forecast_cell(cid: str, seconds: float) -> ForecastCell:
+    from kvsweep.forecast.cell_forecast import CellForecast
+    from kvsweep.forecast.terms import Forecast, Term
+
+    cell = Cell("tiny-llama", "float32", 128, 1, 8, "dynamic", False)
+    return ForecastCell(cid, cell, CellForecast(Forecast((Term("measured", seconds),)), 0.01, 0.001))
+
+
+def test_a_sweep_over_its_budget_is_refused_in_one_line_before_anything_starts(tmp_path):
+    code, out, err = kvsweep(
+        "+sweep=long_context",
+        "dry_run=true",
+        "planner.gpu=h100-sxm",
+        "planner.gpus=8",
+        "planner.max_gpu_hours=0.5",
+        f"hydra.run.dir={tmp_path}/run",
+    )
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "planner.max_gpu_hours=0.5" in err and "GPU-hours" in err
+    assert "forecast:" in out  # the dry run showed the bill it refused
+
+
+def test_a_cpu_sweep_over_its_budget_never_starts_a_cell(tmp_path):
+    """On a CPU the budget counts the sweep's hours; refused before Ray, MLflow or any cell."""
+    code, _, err = kvsweep(
+        "planner.max_gpu_hours=0.0001",
+        f"hydra.run.dir={tmp_path}/run",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db",
+    )
+    assert code == 2 and "planner.max_gpu_hours" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.parametrize("sweep", ["quickstart", "long_context", "capacity", "static_reserve", "traffic", "gpu_smoke"])
+def test_every_bundled_sweep_dry_run_prints_its_bill(sweep, tmp_path):
+    code, out, err = kvsweep(
+        f"+sweep={sweep}", "dry_run=true", "planner.gpu=h100-sxm", "planner.gpus=8", f"hydra.run.dir={tmp_path}/run"
+    )
+    assert code == 0, err
+    bill = next(line for line in out.splitlines() if line.startswith("forecast:"))
+    assert "forecast: none" not in bill
+    assert ("GPU-hours" in bill) == ("this CPU" not in bill)
+
+
+def test_the_eta_is_the_remaining_forecast_scaled_by_what_finished_cells_took():
+    progress = SweepProgress(3, 3, io.StringIO(), live=False)
+    progress.forecast({"a": 10.0, "b": 20.0, "c": 30.0}, slots=2)
+    assert progress.eta() == "0:00:30"  # 60 s of cells on 2 slots, before anything ran
+    done = CellResult("a", Cell("tiny-llama", "float32", 128, 1, 8, "dynamic", False), "ok", wall_s=20.0)
+    progress.finished(done)  # took twice its forecast
+    assert progress.eta() == "0:00:50"  # (20 + 30) x 2 / 2
+
+
+def test_a_resumed_sweep_scales_each_models_remaining_cells_by_its_finished_ones():
+    cells = [_forecast_cell(cid, 10.0) for cid in ("a", "b", "c")]
+    forecast = SweepForecast(SweepBill(cells, RATES, 0, 0, 1), {c.cell_id: c.forecast for c in cells})
+    finished = [CellResult("a", cells[0].cell, "ok", wall_s=30.0)]  # 3x its forecast
+    again, line = refined(forecast, finished)
+    assert [c.cell_id for c in again.bill.cells] == ["b", "c"]
+    assert again.by_id["b"].seconds == pytest.approx(30.0) and "took 3x" in line
+
+
+def test_the_runs_closing_line_gives_the_median_ratio_and_the_totals():
+    cell = Cell("tiny-llama", "float32", 128, 1, 8, "dynamic", False)
+    results = [
+        CellResult(cid, cell, "ok", wall_s=w, metrics={Metric.FORECAST_S: f, Metric.FORECAST_RATIO: w / f})
+        for cid, w, f in (("a", 10.0, 5.0), ("b", 30.0, 10.0), ("c", 8.0, 8.0))
+    ]
+    line = forecast_summary(results)
+    assert "cells took 2x their forecast (median of 3; 2.1x in total)" in line  # ratios 2, 3, 1; 48 / 23 = 2.09
