@@ -168,3 +168,19 @@ def test_the_runs_closing_line_gives_the_median_ratio_and_the_totals():
     ]
     line = forecast_summary(results)
     assert "cells took 2x their forecast (median of 3; 2.1x in total)" in line  # ratios 2, 3, 1; 48 / 23 = 2.09
+
+
+def test_a_measured_compile_replaces_the_allowance_for_the_models_remaining_compiled_cells():
+    """A finished compiled cell: a cold call of 12 s against a measured call of 100 ms + 7 x 10 ms: 11.83 s of
+    compiling, which replaces the 60 s allowance of the remaining compiled cell of the model."""
+    from kvsweep.forecast.cell_forecast import CellForecast
+    from kvsweep.forecast.terms import Forecast, Term
+
+    compiled = Cell("tiny-llama", "float32", 128, 1, 8, "static", True)
+    waiting = CellForecast(Forecast((Term("compile", 60.0), Term("measured", 5.0))), 0.1, 0.01)
+    forecast = SweepForecast(SweepBill([ForecastCell("b", compiled, waiting)], RATES, 0, 0, 1), {"b": waiting})
+    metrics = {Metric.FIRST_CALL_MS: 12000.0, Metric.TTFT_MS: 100.0, Metric.TPOT_MS: 10.0}
+    finished = [CellResult("a", compiled, "ok", wall_s=20.0, metrics=metrics)]  # no forecast of its own here
+    again, line = refined(forecast, finished)
+    assert again.by_id["b"].term("compile") == pytest.approx(11.83) and again.by_id["b"].seconds == pytest.approx(16.83)
+    assert "compile measured 12 s" in line

@@ -66,6 +66,8 @@ def test_summary_names_each_cells_cache_class_and_peaks(finished_sweep):
         assert any(line.startswith("static") and reserved in line for line in lines), (reserved, lines)
     assert any(line.startswith("offloaded") and "skipped" in line and "CUDA" in line for line in lines)
     assert "forked from a CUDA-clean template: 6 of 6 cells that ran" in lines  # 2 contexts x 3 CPU caches
+    ratios = [line for line in lines if line.startswith("forecast: ") and " s: " in line and line.endswith("x")]
+    assert len(ratios) == 6 and any(line.startswith("forecast: cells took") for line in lines)  # each cell, then all
     assert lines[-1] == "OK: 0 problem(s)"
 
 

@@ -144,32 +144,52 @@ def _scaled(forecast: CellForecast, factor: float, why: str) -> CellForecast:
 
 
 def refined(forecast: SweepForecast, finished: list[CellResult]) -> tuple[SweepForecast, str]:
-    """The forecast with each model's remaining cells scaled by the median `cell_wall_s` ÷ forecast of its
-    finished cells (a resumed sweep's, on this device), and a line saying so ("" when nothing was refined)."""
+    """The forecast of the cells still to run (a resumed sweep's), each model's scaled by the median
+    `cell_wall_s` ÷ forecast of its finished cells on this device, and a compiled cell's compile allowance
+    replaced by what a finished compiled cell of the model measured; a line saying so ("": nothing refined)."""
     ratios: dict[str, list[float]] = {}
-    done = set()
+    compiles: dict[str, list[float]] = {}
+    done = {result.cell_id for result in finished}
     for result in finished:
-        done.add(result.cell_id)
         predicted = forecast.by_id.get(result.cell_id)
         if predicted is not None and result.status == OK and result.wall_s > 0 and predicted.seconds > 0:
             ratios.setdefault(result.cell.model, []).append(result.wall_s / predicted.seconds)
-    if not ratios:
-        return forecast, ""
+        if (seconds := measured_compile(result)) is not None:
+            compiles.setdefault(result.cell.model, []).append(seconds)
     factor = {model: statistics.median(values) for model, values in ratios.items()}
+    compile_s = {model: statistics.median(values) for model, values in compiles.items()}
     by_id = dict(forecast.by_id)
     cells = []
     for c in forecast.bill.cells:
         if c.cell_id in done:
             continue
-        scaled = c.forecast
+        changed = c.forecast
+        if c.cell.compile and not c.cell.is_workload and (seconds := compile_s.get(c.cell.model)) is not None:
+            terms = tuple(
+                replace(t, seconds=seconds, detail="measured") if t.name == "compile" else t
+                for t in changed.forecast.terms
+            )
+            changed = replace(changed, forecast=Forecast(terms))
         if (f := factor.get(c.cell.model)) is not None:
-            scaled = _scaled(c.forecast, f, REFINE_TERM)
-            by_id[c.cell_id] = scaled
-        cells.append(ForecastCell(c.cell_id, c.cell, scaled))
-    said = ", ".join(f"{len(ratios[m])} finished cells took {f:.2g}x" for m, f in factor.items())
-    return SweepForecast(
-        replace(forecast.bill, cells=cells), by_id
-    ), f"forecast refined for the remaining cells: {said}"
+            changed = _scaled(changed, f, REFINE_TERM)
+        by_id[c.cell_id] = changed
+        cells.append(ForecastCell(c.cell_id, c.cell, changed))
+    said = [f"{len(ratios[m])} finished cells took {f:.2g}x" for m, f in factor.items()]
+    said += [f"compile measured {s:.0f} s" for s in compile_s.values()]
+    line = f"forecast refined for the remaining cells: {', '.join(said)}" if said else ""
+    return SweepForecast(replace(forecast.bill, cells=cells), by_id), line
+
+
+def measured_compile(result: CellResult) -> float | None:
+    """What compiling took a finished compiled fixed-shape cell: its cold call beyond a measured call (the
+    prefill and the decode steps its medians give); None for any other cell."""
+    m, cell = result.metrics, result.cell
+    if not cell.compile or cell.is_workload or result.status != OK:
+        return None
+    if not all(k in m for k in (Metric.FIRST_CALL_MS, Metric.TTFT_MS, Metric.TPOT_MS)):
+        return None
+    call_ms = m[Metric.TTFT_MS] + (cell.max_new_tokens - 1) * m[Metric.TPOT_MS]
+    return max(0.0, (m[Metric.FIRST_CALL_MS] - call_ms) / 1e3)
 
 
 def forecast_jobs(
