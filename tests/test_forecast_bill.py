@@ -120,8 +120,8 @@ def test_a_sweep_over_its_budget_is_refused_in_one_line_before_anything_starts(t
     assert "forecast:" in out  # the dry run showed the bill it refused
 
 
-def test_a_cpu_sweep_over_its_budget_never_starts_a_cell(tmp_path):
-    """On a CPU the budget counts the sweep's hours; refused before Ray, MLflow or any cell."""
+def test_a_cpu_sweep_over_its_budget_never_starts_a_cell(ray_cluster, tmp_path):
+    """On a CPU the budget counts the sweep's hours; refused before MLflow or any cell."""
     code, _, err = kvsweep(
         "planner.max_gpu_hours=0.0001",
         f"hydra.run.dir={tmp_path}/run",
