@@ -148,7 +148,10 @@ def test_the_eta_is_the_remaining_forecast_scaled_by_what_finished_cells_took():
     assert progress.eta() == "0:00:30"  # 60 s of cells on 2 slots, before anything ran
     done = CellResult("a", Cell("tiny-llama", "float32", 128, 1, 8, "dynamic", False), "ok", wall_s=20.0)
     progress.finished(done)  # took twice its forecast
-    assert progress.eta() == "0:00:50"  # (20 + 30) x 2 / 2
+    assert progress.eta() == "0:01:00"  # (20 + 30) x 2 on 2 slots is 50 s, but c alone takes 30 x 2
+    failed = CellResult("b", done.cell, "oom", wall_s=1.0)
+    progress.finished(failed)  # an early failure says nothing about the forecast: the ratio stays 2
+    assert progress.eta() == "0:01:00"
 
 
 def test_a_resumed_sweep_scales_each_models_remaining_cells_by_its_finished_ones():

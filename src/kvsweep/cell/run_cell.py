@@ -185,6 +185,7 @@ def _measure_workload_cell(
     if spec.prompts is not None:  # before anything is timed: a tokenizer that disagrees fails the cell at once
         tokenizer = load_tokenizer(classify(tokenizer_from), request.options.trust_remote_code)
         text = encode_requests(spec.prompts, tokenizer, spec.prompts.lengths[cell.model])
+        result.environment[INPUTS_SHA256_PARAM] = spec.prompts.file_sha256  # what it was fed: the file
     if cell.compile and not session_on_cuda(protocol.device):
         session.compile_forward()
     on_phase("measuring")

@@ -8,7 +8,7 @@ longest request; in batched serving its worst batch), as a server must size it, 
 """
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from kvsweep.measure.phase_meters import compile_events
 from kvsweep.measure.sampling import TokenTimes
 from kvsweep.measure.statistics import interval_metrics
 from kvsweep.names import WORKLOAD_PERCENTILES, Metric, ResultTag, ci_high, ci_low
+from kvsweep.plan.workload_cells import served_strategy
 from kvsweep.workload.latency_stats import (
     RequestTiming,
     goodput,
@@ -35,15 +36,6 @@ from kvsweep.workload.latency_stats import (
 from kvsweep.workload.workload_spec import BATCHED, WorkloadSpec, fitted
 
 PERCENTILES = (50, 90, 99)
-
-
-def served_strategy(strategy: CacheStrategy, cell: Cell) -> CacheStrategy:
-    """A static layout under a mix (static, offloaded_static, `@N`) is sized for its worst moment (the cell's
-    cached tokens: its longest request, or its longest batch) or its `@N` if longer, for every request; a paged
-    pool is sized by `paged_pool` already."""
-    if strategy.preallocates and strategy.family != "paged":
-        return replace(strategy, reserve_tokens=strategy.static_length(cell.cached_tokens))  # its name kept
-    return strategy
 
 
 def measure_workload(

@@ -107,9 +107,15 @@ class PlannerConfig:
         "the GPU the time forecast assumes (h100-sxm, a100-80gb, l4, ...: docs/forecast.md); empty = the local "
         "GPU's, detected from its name",
     )
-    gpus: int = setting(0, "GPUs the forecast's wall time and bill count; 0 = the cluster's (or 1)", AT_LEAST_0)
+    gpus: int = setting(
+        0,
+        "GPUs the forecast's bill counts where no cluster with GPUs is connected (a dry run elsewhere); 0 = 1",
+        AT_LEAST_0,
+    )
     max_gpu_hours: float = setting(
-        0.0, "refuse a sweep forecast to take more GPU-hours (exit 2, before any cell); 0 = no budget", AT_LEAST_0
+        0.0,
+        "refuse a sweep forecast to take more GPU-hours (on a CPU: hours) before any cell starts; 0 = no budget",
+        AT_LEAST_0,
     )
 
 

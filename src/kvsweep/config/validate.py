@@ -153,14 +153,20 @@ class _Namespace:
 
 def check_workload(cfg: Any) -> None:
     """The workload as the sweep will draw it (a trace or prompts file read, every line checked; a prompts file
-    encoded by each model's tokenizer): one line naming what is wrong, before Ray starts. The command runs it, as
-    it reads files (`--cfg job` reads none)."""
-    from kvsweep.plan.sweep_plan import sweep_workload  # loads tokenizers for a prompts file: only when run
+    encoded by each model's tokenizer; a trace's request or a file's prompt beyond a model's positions): one line
+    naming what is wrong, before Ray starts. The command runs it, as it reads files (`--cfg job` reads none)."""
+    from kvsweep.plan.sweep_plan import model_facts, sweep_workload  # tokenizers, model configs: only when run
+    from kvsweep.plan.workload_cells import model_mix
 
     try:
-        sweep_workload(cfg)
+        workload = sweep_workload(cfg)
     except WorkloadError as err:
         raise ConfigError(str(err)) from None
+    if workload is None or workload.source not in (TRACE, FILE):
+        return
+    facts, _ = model_facts(list(dict.fromkeys(cfg.grid.models)), cfg.trust_remote_code, cfg.grid.weights)
+    for model, fact in facts.items():  # a model that cannot be read is the plan's to report
+        model_mix(workload, model, fact.shape.max_positions if fact.shape else None)
 
 
 def check_gguf_models(models: list[str], weights: list[str]) -> None:

@@ -13,7 +13,7 @@ from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver import ray_session
 from kvsweep.driver.capacity_search import plan_searches, search_text
 from kvsweep.driver.first_lines import first_lines
-from kvsweep.driver.sweep_forecast import forecast_sweep
+from kvsweep.driver.sweep_forecast import forecast_sweep, scheduler_slots, search_probes
 from kvsweep.forecast.sweep_bill import cell_lines
 from kvsweep.plan.memory_fit import local_gpu_bytes
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, plan_text, protocol_of, sweep_workload
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice | None" = None) -> int:
     """`inputs`: what each model is fed, when the caller chose it already (else chosen here)."""
     from kvsweep.driver.inputs_choice import choose_inputs
-    from kvsweep.driver.scheduler import max_concurrent
 
     inputs = inputs or choose_inputs(cfg)
     # An explicit device is planned as asked, even where it is absent (plan a GPU sweep from a laptop).
@@ -41,14 +40,14 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
         planned = searches.first_probes()
         text = "\n".join(search_text(searches))
         text += "\n\nfirst probes: " + plan_text(planned, problems, device, limits)
-        probes = searches.expected_probes / max(1, len(planned))
+        probes = search_probes(searches, len(planned))
     else:
         planned, problems = plan_sweep(cfg, device, limits, inputs.by_model)
         text = plan_text(planned, problems, device, limits)
     fed = "\n".join(first_lines(cfg, inputs))
     session = cluster_resources(cfg.ray.address) if device == "cuda" else None
     gpus = session.gpus if session is not None else 0.0
-    slots = max_concurrent(cfg.ray.max_concurrent, device, cfg.planner.gpus or gpus, cfg.ray.gpus_per_cell)
+    slots = scheduler_slots(cfg, device, gpus, limits.gpus)
     forecast = forecast_sweep(cfg, device, planned, protocol, slots, gpus, limits.gpus, probes)
     bill = "\n".join([*forecast.bill.lines(), "", *cell_lines(forecast.bill.cells)])
     print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}\n\n{bill}"), file=out or sys.stdout)

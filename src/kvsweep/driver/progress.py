@@ -66,7 +66,7 @@ class SweepProgress:
         if ran:
             self.running.pop(result.cell_id, None)
             self.measured += 1
-            if forecast and result.wall_s > 0:
+            if forecast and result.wall_s > 0 and result.status == OK:  # a cell that failed early says nothing
                 self.ratios.append(result.wall_s / forecast)
         if self.live and result.status in (OK, SKIPPED):
             return  # on a terminal the display shows it; only failures earn a line
@@ -112,9 +112,22 @@ class SweepProgress:
         remaining_runs = self.to_run - self.measured
         elapsed = time.monotonic() - self.started_at
         if self.forecasts and remaining_runs > 0:
-            ratio = statistics.median(self.ratios) if self.ratios else 1.0
-            return clock(sum(self.forecasts.values()) * ratio / self.slots)
+            return clock(self._forecast_left(remaining_runs, elapsed))
         return "?" if self.measured == 0 else clock(elapsed / self.measured * remaining_runs)
+
+    def _forecast_left(self, remaining_runs: int, elapsed: float) -> float:
+        """The cells left, by their forecast scaled by what finished cells took against theirs (a running cell: what
+        is left of it), over the slots, never less than the longest; cells without a forecast at the mean so far."""
+        ratio = statistics.median(self.ratios) if self.ratios else 1.0
+        now = time.monotonic()
+        left = []
+        for cid, seconds in self.forecasts.items():
+            started = self.running.get(cid)
+            left.append(max(0.0, seconds * ratio - (now - started[1] if started else 0.0)))
+        unforecast = max(0, remaining_runs - len(left))
+        mean = elapsed / self.measured * self.slots if self.measured else 0.0
+        total = sum(left) + unforecast * mean
+        return max(total / self.slots, max(left, default=0.0))
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started_at

@@ -67,17 +67,18 @@ def run_sweep(
         cluster = connect(cfg, session, say)
         limits = plan_limits(cfg, cluster.device, inputs.spec)  # found once: on CUDA it asks the local GPUs
         source = plan_jobs(cfg, cluster.device, inputs, limits, run_dir)
-        forecast = forecast_jobs(cfg, cluster.device, cluster.session.gpus, source, limits)
-        forecast.bill.check_budget(cfg.planner.max_gpu_hours)  # over budget: one line, exit 2, nothing started
+        gpus = cluster.session.gpus
+        forecast_jobs(cfg, cluster.device, gpus, source, limits).bill.check_budget(cfg.planner.max_gpu_hours)
         try:
             tracking = open_tracking(cfg, redact_text(config_yaml), run_dir, uri, cluster.device, source, seams, say)
         except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
             print(f"kvsweep: {held}", file=sys.stderr, flush=True)
             return 2
         hub_cache = fetch_for_sweep(cfg, cluster.device, limits, source, tracking, seams.hub, say)
-        write_plan(source, cluster.device, limits, run_dir, forecast)
         pending = source.pending(tracking.done)
         source.replace(pending, prebuild(pending, cluster.device, say), source.problems)
+        forecast = forecast_jobs(cfg, cluster.device, gpus, source, limits)  # Hub models fetched: planned anew
+        write_plan(source, cluster.device, limits, run_dir, forecast)
         forecast, refinement = refined(forecast, list(tracking.done.values()))
         say(forecast.bill.lines()[0] + (f"; {refinement}" if refinement else ""))
         sweep = Sweep(cfg, run_dir, inputs, tracking, source, cluster.software, say, forecast=forecast)
@@ -221,9 +222,14 @@ class Sweep:
         self.progress.finished(result, ran)
 
     def follow_up(self, result: CellResult) -> list["Job"]:
-        """The jobs this result asks for (a capacity search's next probes), counted as they are asked for."""
+        """The jobs this result asks for (a capacity search's next probes), counted and forecast as they are
+        asked for."""
         jobs = self.source.follow_up(result)
         self.progress.expect(len(jobs), len(jobs))
+        if self.forecast is not None:
+            for job in jobs:
+                if (seconds := self.forecast.add(job.cell_id, job.cell)) is not None:
+                    self.progress.forecasts[job.cell_id] = seconds
         return jobs
 
 

@@ -6,7 +6,9 @@ not planned until results come, so each first probe is counted as many times as 
 A resumed sweep refines its remaining cells by what the finished ones took against their forecast (`refined`).
 """
 
+import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,8 @@ from kvsweep.forecast.cell_forecast import CellForecast, ModelCost, forecast_cel
 from kvsweep.forecast.device_rates import DeviceRates, choose_gpu, cpu_rates, gpu_rates
 from kvsweep.forecast.sweep_bill import ForecastCell, SweepBill
 from kvsweep.forecast.terms import Forecast, Term
-from kvsweep.grid import MeasureProtocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.model_names import display_names
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell
@@ -25,6 +28,7 @@ from kvsweep.plan.sweep_plan import model_facts
 from kvsweep.results import OK, CellResult
 
 if TYPE_CHECKING:
+    from kvsweep.driver.capacity_search import CapacitySearches
     from kvsweep.driver.job_sources import JobSource
     from kvsweep.plan.sweep_plan import PlanLimits
 
@@ -35,6 +39,14 @@ REFINE_TERM = "refined"  # the term a resumed sweep adds: finished cells of the 
 class SweepForecast:
     bill: SweepBill
     by_id: dict[str, CellForecast]
+    make: Callable[[Cell], CellForecast | None] | None = None  # a cell planned later (a search's next probe)
+
+    def add(self, cid: str, cell: Cell) -> float | None:
+        """Forecast a cell planned after the sweep started (a capacity search's next probe): its seconds, or None."""
+        forecast = self.make(cell) if self.make is not None else None
+        if forecast is not None:
+            self.by_id[cid] = forecast
+        return None if forecast is None else forecast.seconds
 
     def metrics(self, result: CellResult) -> dict[str, float]:
         """What a finished cell logs: `forecast_s`, `forecast_ratio` (its `cell_wall_s` ÷ it) and the ratio of each
@@ -45,7 +57,7 @@ class SweepForecast:
         found = {Metric.FORECAST_S: forecast.seconds}
         if result.status != OK or result.wall_s <= 0:
             return found
-        found[Metric.FORECAST_RATIO] = result.wall_s / forecast.seconds
+        found[Metric.FORECAST_RATIO] = result.wall_s / forecast.seconds  # wall_s: the driver's clock, this run
         m = result.metrics
         pairs = {
             Metric.FORECAST_RATIO_LOAD: (m.get(Metric.MODEL_LOAD_S), forecast.term("load")),
@@ -79,6 +91,13 @@ def local_gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+def bill_gpus(cfg: KvSweepConfig, device: str, cluster_gpus: float) -> int:
+    """The GPUs the bill counts: the connected cluster's, else `planner.gpus` (a dry run elsewhere), else 1."""
+    if device != "cuda":
+        return 0
+    return int(cluster_gpus) if cluster_gpus > 0 else int(cfg.planner.gpus or 1)
+
+
 def forecast_sweep(
     cfg: KvSweepConfig,
     device: str,
@@ -89,42 +108,49 @@ def forecast_sweep(
     gpus_per_cell: int,
     probes_per_cell: float = 1.0,
 ) -> SweepForecast:
-    """Every planned cell that runs, forecast; `probes_per_cell`: a capacity search's expected probes over its first.
-    A GPU sweep planned where no GPU is named or found gets no forecast, saying why (a budget then refuses)."""
-    gpus = 0 if device != "cuda" else int(cfg.planner.gpus or cluster_gpus or 1)
+    """Every planned cell that runs, forecast. `slots`: cells the scheduler runs at once; `probes_per_cell`: a
+    capacity search's expected probes per first probe (each first probe's own forecast is kept for its ratio and
+    the ETA; the bill counts its search's probes). A GPU sweep planned where no GPU is named or found gets no
+    forecast, saying why (a budget then refuses)."""
+    gpus = bill_gpus(cfg, device, cluster_gpus)
     try:
         rates = device_rates(cfg, device)
     except ConfigError as err:
         return SweepForecast(SweepBill([], None, gpus, gpus_per_cell, slots, unavailable=str(err)), {})
     facts, problems = model_facts(list(dict.fromkeys(cfg.grid.models)), cfg.trust_remote_code, cfg.grid.weights)
+
+    def make(cell: Cell) -> CellForecast | None:
+        fact = facts.get(cell.model)
+        if fact is None or fact.planned_parameters is None:
+            return None
+        parameters = fact.planned_parameters
+        model = ModelCost(parameters, weights_bytes(cell, parameters, fact.layout), fact.shape)
+        return forecast_cell(cell, protocol, model, rates)
+
     cells, unforecast, by_id = [], [], {}
     for p in planned:
-        if not p.runs or p.cell.model in problems:
+        if not p.runs:
             continue
-        fact = facts.get(p.cell.model)
-        if fact is None or fact.planned_parameters is None:
-            unforecast.append(f"{p.cell.label}: the model's size is not known here")
+        forecast = None if p.cell.model in problems else make(p.cell)
+        if forecast is None:
+            why = "the model cannot be read here" if p.cell.model in problems else "its size is not known here"
+            unforecast.append(f"{p.cell.label}: {why}")
             continue
-        model = ModelCost(
-            fact.planned_parameters, weights_bytes(p.cell, fact.planned_parameters, fact.layout), fact.shape
-        )
-        forecast = forecast_cell(p.cell, protocol, model, rates)
-        if probes_per_cell != 1.0:
-            forecast = _scaled(forecast, probes_per_cell, "probes")
         cid = cell_id(p.cell, protocol)
         by_id[cid] = forecast
-        cells.append(ForecastCell(cid, p.cell, forecast))
+        billed = forecast if probes_per_cell == 1.0 else _scaled(forecast, probes_per_cell, "probes")
+        cells.append(ForecastCell(cid, p.cell, billed))
     bill = SweepBill(
         cells,
         rates,
         gpus,
         gpus_per_cell if device == "cuda" else 0,
-        slots if device == "cuda" else 1,
+        slots,
         cfg.report.gpu_hour_cost,
         download_bytes=_download_bytes(cfg, facts),
         unforecast=unforecast,
     )
-    return SweepForecast(bill, by_id)
+    return SweepForecast(bill, by_id, make)
 
 
 def _download_bytes(cfg: KvSweepConfig, facts: dict) -> int:
@@ -137,8 +163,9 @@ def _download_bytes(cfg: KvSweepConfig, facts: dict) -> int:
     return total
 
 
-def _scaled(forecast: CellForecast, factor: float, why: str) -> CellForecast:
-    terms = tuple(replace(t, seconds=t.seconds * factor) for t in forecast.forecast.terms)
+def _scaled(forecast: CellForecast, factor: float, why: str, keep: tuple[str, ...] = ()) -> CellForecast:
+    """Every term times `factor` (but those named in `keep`), and a note saying why."""
+    terms = tuple(t if t.name in keep else replace(t, seconds=t.seconds * factor) for t in forecast.forecast.terms)
     note = Term(why, 0.0, f"each term × {factor:.2g}")
     return replace(forecast, forecast=Forecast((*terms, note)))
 
@@ -175,9 +202,9 @@ def refined(forecast: SweepForecast, finished: list[CellResult]) -> tuple[SweepF
         by_id[c.cell_id] = changed
         cells.append(ForecastCell(c.cell_id, c.cell, changed))
     said = [f"{len(ratios[m])} finished cells took {f:.2g}x" for m, f in factor.items()]
-    said += [f"compile measured {s:.0f} s" for s in compile_s.values()]
+    said += [f"compile measured {s:.0f} s ({display_names(compile_s)[m]})" for m, s in compile_s.items()]
     line = f"forecast refined for the remaining cells: {', '.join(said)}" if said else ""
-    return SweepForecast(replace(forecast.bill, cells=cells), by_id), line
+    return SweepForecast(replace(forecast.bill, cells=cells), by_id, forecast.make), line
 
 
 def measured_compile(result: CellResult) -> float | None:
@@ -197,13 +224,32 @@ def forecast_jobs(
 ) -> SweepForecast:
     """The forecast of the source's planned cells on the cluster (a search's first probes, times its probes)."""
     from kvsweep.driver.job_sources import SearchJobs
-    from kvsweep.driver.scheduler import max_concurrent
 
     probes = 1.0
     if isinstance(source, SearchJobs) and source.searches is not None:
-        probes = source.searches.expected_probes / max(1, len(source.cells))
-    slots = max_concurrent(cfg.ray.max_concurrent, device, cfg.planner.gpus or cluster_gpus, cfg.ray.gpus_per_cell)
+        probes = search_probes(source.searches, len(source.cells))
+    slots = scheduler_slots(cfg, device, cluster_gpus, limits.gpus)
     return forecast_sweep(cfg, device, source.cells, source.protocol, slots, cluster_gpus, limits.gpus, probes)
+
+
+def scheduler_slots(cfg: KvSweepConfig, device: str, cluster_gpus: float, gpus_per_cell: int) -> int:
+    """Cells at a time, as the scheduler will run them on the GPUs the bill counts."""
+    from kvsweep.driver.scheduler import max_concurrent
+
+    return max_concurrent(cfg.ray.max_concurrent, device, bill_gpus(cfg, device, cluster_gpus), gpus_per_cell)
+
+
+def search_probes(searches: "CapacitySearches", first_probes: int) -> float:
+    """Probes the searches are expected to take per first probe: two per predicted frontier (one when it starts
+    at its top), and a search without a prediction doubles its way from its start to its top."""
+    total = 0
+    for search in searches.searches:
+        start = search.stepping.start * search.step
+        if search.predicted is not None:
+            total += 1 if start >= search.top else 2
+        else:
+            total += math.ceil(math.log2(max(search.top / max(start, 1), 1))) + 1
+    return total / max(1, first_probes)
 
 
 RATIO_WORDS = {

@@ -22,6 +22,7 @@ from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import RANDOM
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_prediction import decode_kv_traffic
+from kvsweep.plan.workload_cells import served_strategy
 from kvsweep.workload.request_mix import RequestMix
 from kvsweep.workload.workload_spec import BATCHED, SEQUENTIAL, fitted
 
@@ -150,6 +151,7 @@ def _workload(
     workload = protocol.workload
     if workload is None:
         raise ValueError(f"workload cell {cell.label} but the protocol carries no workload")
+    strategy = served_strategy(strategy, cell)  # a static layout reserves the mix's worst moment for every request
     mix = fitted(workload.mix_for(cell.model), model.shape.max_positions)
     replay = replay_seconds(mix, cell, strategy, model, rates)
     terms = [*start]

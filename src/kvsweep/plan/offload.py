@@ -60,9 +60,10 @@ class CallCount:
 
 
 def task_calls(cell: Cell, protocol: MeasureProtocol) -> int:
-    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts."""
+    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts (none
+    in a workload cell: a prompts file's answers are scored on the replay's own output)."""
     trials = protocol.inputs.quality_trials
-    if cell.inputs == RANDOM or trials <= 0:
+    if cell.inputs == RANDOM or trials <= 0 or cell.is_workload:
         return 0
     return math.ceil(trials / cell.batch_size)
 

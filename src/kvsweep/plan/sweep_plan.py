@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.errors import ConfigError
+from kvsweep.forecast.gpu_datasheet import gpu_by_key
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, MeasureProtocol, expand_grid
 from kvsweep.inputs.spec import InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
@@ -78,8 +79,15 @@ def plan_limits(cfg: KvSweepConfig, device: str, inputs: InputSpec | None = None
     """`inputs`: what text-fed cells answer (their task trials are calls the planner counts)."""
     planner = cfg.planner
     device_bytes = detect_device_bytes(device, planner.device_memory_gb)
+    if device_bytes is None and device == "cuda" and planner.gpu:  # no local GPU: the named GPU's datasheet
+        device_bytes = gpu_by_key(planner.gpu).memory_bytes
+        planner_gpu = f"planner.gpu={planner.gpu}'s datasheet"
+    else:
+        planner_gpu = ""
     if planner.device_memory_gb > 0:
         device_from = "planner.device_memory_gb"
+    elif planner_gpu:
+        device_from = planner_gpu
     else:
         device_from = "the smallest local GPU" if device_bytes else "planner.device_memory_gb=0 and no local GPU"
     limit_gb = cfg.measure.device_memory_limit_gb

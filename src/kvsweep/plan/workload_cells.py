@@ -13,7 +13,7 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
-from kvsweep.caches import get_strategy
+from kvsweep.caches import CacheStrategy, get_strategy
 from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
 from kvsweep.inputs.spec import FILE_PREFIX, RANDOM
@@ -79,6 +79,15 @@ def worst_total(mix: RequestMix, rows: int) -> int:
     requests, every row padded to its batch's longest prompt and run to its longest output, as `generate` runs."""
     groups = [mix.requests[i : i + rows] for i in range(0, len(mix.requests), rows)]
     return max(max(r.input_tokens for r in g) + max(r.output_tokens for r in g) for g in groups)
+
+
+def served_strategy(strategy: CacheStrategy, cell: Cell) -> CacheStrategy:
+    """A static layout under a mix (static, offloaded_static, `@N`) is sized for its worst moment (the cell's
+    cached tokens: its longest request, or its longest batch) or its `@N` if longer, for every request; a paged
+    pool is sized by `paged_pool` already. The cell runs it so, and the forecast counts it so."""
+    if strategy.preallocates and strategy.family != "paged":
+        return replace(strategy, reserve_tokens=strategy.static_length(cell.cached_tokens))  # its name kept
+    return strategy
 
 
 def serving_problem(planned: PlannedCell) -> PlannedCell:

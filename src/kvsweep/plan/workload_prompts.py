@@ -21,11 +21,6 @@ def _tokenizer(model: str, trust_remote_code: bool) -> Any:
     return load_tokenizer(classify(model), trust_remote_code)
 
 
-def encoded_lengths(prompts: WorkloadPrompts, tokenizer: Any) -> tuple[int, ...]:
-    """Each prompt's tokens as `tokenizer` encodes it, framed."""
-    return tuple(len(whole_prompt(tokenizer, record, prompts.chat_template).ids) for record in prompts.records)
-
-
 def with_prompt_lengths(workload: WorkloadSpec, models: list[str], trust_remote_code: bool) -> WorkloadSpec:
     """`workload` with every model's prompt lengths (unchanged unless it is a prompts file); a model whose
     tokenizer does not load is a config error of one line: its requests would have no length."""
@@ -40,5 +35,20 @@ def with_prompt_lengths(workload: WorkloadSpec, models: list[str], trust_remote_
                 f"workload.source=file: {model} has no tokenizer to encode {workload.prompts.file_name} with "
                 f"({type(exc).__name__}: {first_line(exc)})"
             ) from None
-        lengths[model] = encoded_lengths(workload.prompts, tokenizer)
+        lengths[model] = _lengths_or_error(workload.prompts, tokenizer, model)
     return workload.with_lengths(lengths)
+
+
+def _lengths_or_error(prompts: WorkloadPrompts, tokenizer: Any, model: str) -> tuple[int, ...]:
+    """Each prompt's tokens as `tokenizer` frames and encodes it, or a one-line ConfigError naming the prompt it
+    refused (a chat template that takes no system turn, turns that must alternate)."""
+    lengths = []
+    for record in prompts.records:
+        try:
+            lengths.append(len(whole_prompt(tokenizer, record, prompts.chat_template).ids))
+        except Exception as exc:  # whatever the template engine raises, in one line
+            raise ConfigError(
+                f"workload.path {prompts.file_name} line {record.get('line', '?')}: {model}'s tokenizer cannot "
+                f"frame it ({type(exc).__name__}: {first_line(exc)})"
+            ) from None
+    return tuple(lengths)

@@ -27,7 +27,7 @@ from mlflow.entities import Run
 
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
 from kvsweep.inputs.spec import RANDOM
-from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, RunTag
+from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, Metric, RunTag
 from kvsweep.redact import is_redacted, without_credentials
 from kvsweep.results import CellResult
 
@@ -166,6 +166,7 @@ def result_from_run(run: Run) -> CellResult:
         tags.get(RunTag.STATUS, "?"),
         error=tags.get(RunTag.ERROR, ""),
         metrics={k: v for k, v in run.data.metrics.items() if k not in INT_PARAMS},
+        wall_s=float(run.data.metrics.get(Metric.CELL_WALL_S, 0.0)),  # what a resume's forecast is refined by
         attempt=int(tags.get(RunTag.ATTEMPT, "1")),
         tags={k: tags[k] for k in CARRIED_TAGS if k in tags},
         environment={
