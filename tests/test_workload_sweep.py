@@ -101,6 +101,7 @@ def test_an_interrupted_workload_sweep_resumes_without_measuring_again(ray_clust
     again, out, run_dir = sweep(tmp_path, store, *MIX, "grid.caches=[dynamic,paged]", run="again")
     assert again == 0, out
     assert "resuming: 1 of 2 cells" in out
+    assert "forecast refined for the remaining cells: 1 finished cells took" in out  # read back from MLflow
     measured = [r.cell.cache for r in Journal(run_dir).read().results]
     assert measured == ["paged"]  # dynamic's workload cell came from the first run, not measured again
     _, children = cell_runs(store)
