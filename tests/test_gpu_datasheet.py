@@ -129,3 +129,22 @@ def test_an_unknown_key_is_one_line_naming_it_and_the_known_ones():
     assert "\n" not in message
     assert "'h100-sxm5'" in message and "h100-sxm" in message and "a10g" in message
     assert isinstance(raised.value, ValueError)
+
+
+def test_the_forecasts_gpu_is_planner_gpu_else_a_gpu_the_driver_or_the_nodes_report():
+    from kvsweep.driver.node_software import GPU, NO_GPU
+    from kvsweep.driver.software_survey import NodeReport, Survey
+    from kvsweep.forecast.device_rates import choose_gpu
+
+    nodes = [
+        NodeReport("a" * 16, "10.0.0.1", {GPU: "NVIDIA H100 80GB HBM3"}),
+        NodeReport("b" * 16, "10.0.0.2", {GPU: NO_GPU}),  # a CPU head node
+        NodeReport("c" * 16, "10.0.0.3", None, "did not answer"),
+    ]
+    names = Survey({}, nodes).gpu_names()
+    assert names == ["NVIDIA H100 80GB HBM3"]
+    assert choose_gpu("", names).key == "h100-sxm"
+    assert choose_gpu("l4", names).key == "l4"  # planner.gpu wins
+    with pytest.raises(ConfigError) as refused:
+        choose_gpu("", [])
+    assert len(str(refused.value).splitlines()) == 1 and "planner.gpu" in str(refused.value)

@@ -17,6 +17,7 @@ from kvsweep.driver.node_software import (
     CPU_CELLS_SOFTWARE,
     DRIVER_SOFTWARE,
     GPU,
+    NO_GPU,
     SOFTWARE,
     describe_software,
     fingerprint,
@@ -114,6 +115,14 @@ class Survey:
 
     driver: dict[str, str]
     nodes: list[NodeReport] = field(default_factory=list)
+
+    def gpu_names(self) -> list[str]:
+        """The GPU models the nodes reported (what the forecast detects its GPU from when the driver has none)."""
+        names = []
+        for node in self.nodes:
+            value = node.report.get(GPU, "") if node.report is not None else ""
+            names += [n for n in value.split(", ") if n and n != NO_GPU and not n.startswith("unknown")]
+        return list(dict.fromkeys(names))
 
     def cell_environment(self, node_id: str) -> dict[str, str]:
         """What a cell that ran on `node_id` records of its node: the software fingerprint and GPU model."""

@@ -67,8 +67,8 @@ def run_sweep(
         cluster = connect(cfg, session, say)
         limits = plan_limits(cfg, cluster.device, inputs.spec)  # found once: on CUDA it asks the local GPUs
         source = plan_jobs(cfg, cluster.device, inputs, limits, run_dir)
-        gpus = cluster.session.gpus
-        forecast_jobs(cfg, cluster.device, gpus, source, limits).bill.check_budget(cfg.planner.max_gpu_hours)
+        gpus, names = cluster.session.gpus, cluster.software.gpu_names() if cluster.software else []
+        forecast_jobs(cfg, cluster.device, gpus, source, limits, names).bill.check_budget(cfg.planner.max_gpu_hours)
         try:
             tracking = open_tracking(cfg, redact_text(config_yaml), run_dir, uri, cluster.device, source, seams, say)
         except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
@@ -77,7 +77,7 @@ def run_sweep(
         hub_cache = fetch_for_sweep(cfg, cluster.device, limits, source, tracking, seams.hub, say)
         pending = source.pending(tracking.done)
         source.replace(pending, prebuild(pending, cluster.device, say), source.problems)
-        forecast = forecast_jobs(cfg, cluster.device, gpus, source, limits)  # Hub models fetched: planned anew
+        forecast = forecast_jobs(cfg, cluster.device, gpus, source, limits, names)  # Hub models fetched: anew
         write_plan(source, cluster.device, limits, run_dir, forecast)
         forecast, refinement = refined(forecast, list(tracking.done.values()))
         say(forecast.bill.lines()[0] + (f"; {refinement}" if refinement else ""))

@@ -76,11 +76,13 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1e3
 
 
-def device_rates(cfg: KvSweepConfig, device: str) -> DeviceRates:
-    """This CPU's measured rates, or the GPU's datasheet ones (a one-line ConfigError when no GPU is named)."""
+def device_rates(cfg: KvSweepConfig, device: str, cluster_gpu_names: list[str] | None = None) -> DeviceRates:
+    """This CPU's measured rates, or the GPU's datasheet ones: `planner.gpu`, else a local GPU, else one the
+    cluster's nodes reported (a one-line ConfigError when none is named or known)."""
     if device != "cuda":
         return cpu_rates(cfg.measure.threads)
-    return gpu_rates(choose_gpu(cfg.planner.gpu, local_gpu_names()), cfg.planner.host_link_gbps)
+    names = local_gpu_names() or list(cluster_gpu_names or [])
+    return gpu_rates(choose_gpu(cfg.planner.gpu, names), cfg.planner.host_link_gbps)
 
 
 def local_gpu_names() -> list[str]:
@@ -107,6 +109,7 @@ def forecast_sweep(
     cluster_gpus: float,
     gpus_per_cell: int,
     probes_per_cell: float = 1.0,
+    cluster_gpu_names: list[str] | None = None,
 ) -> SweepForecast:
     """Every planned cell that runs, forecast. `slots`: cells the scheduler runs at once; `probes_per_cell`: a
     capacity search's expected probes per first probe (each first probe's own forecast is kept for its ratio and
@@ -114,7 +117,7 @@ def forecast_sweep(
     forecast, saying why (a budget then refuses)."""
     gpus = bill_gpus(cfg, device, cluster_gpus)
     try:
-        rates = device_rates(cfg, device)
+        rates = device_rates(cfg, device, cluster_gpu_names)
     except ConfigError as err:
         return SweepForecast(SweepBill([], None, gpus, gpus_per_cell, slots, unavailable=str(err)), {})
     facts, problems = model_facts(list(dict.fromkeys(cfg.grid.models)), cfg.trust_remote_code, cfg.grid.weights)
@@ -220,16 +223,24 @@ def measured_compile(result: CellResult) -> float | None:
 
 
 def forecast_jobs(
-    cfg: KvSweepConfig, device: str, cluster_gpus: float, source: "JobSource", limits: "PlanLimits"
+    cfg: KvSweepConfig,
+    device: str,
+    cluster_gpus: float,
+    source: "JobSource",
+    limits: "PlanLimits",
+    gpu_names: list[str] | None = None,
 ) -> SweepForecast:
-    """The forecast of the source's planned cells on the cluster (a search's first probes, times its probes)."""
+    """The forecast of the source's planned cells on the cluster (a search's first probes, times its probes);
+    `gpu_names`: the GPU models its nodes reported."""
     from kvsweep.driver.job_sources import SearchJobs
 
     probes = 1.0
     if isinstance(source, SearchJobs) and source.searches is not None:
         probes = search_probes(source.searches, len(source.cells))
     slots = scheduler_slots(cfg, device, cluster_gpus, limits.gpus)
-    return forecast_sweep(cfg, device, source.cells, source.protocol, slots, cluster_gpus, limits.gpus, probes)
+    return forecast_sweep(
+        cfg, device, source.cells, source.protocol, slots, cluster_gpus, limits.gpus, probes, gpu_names
+    )
 
 
 def scheduler_slots(cfg: KvSweepConfig, device: str, cluster_gpus: float, gpus_per_cell: int) -> int:
