@@ -71,7 +71,7 @@ def test_sweep_shows_display_names_and_keeps_full_references(run_sweep, two_loca
     ]
 
     report = run.run_dir / "report"
-    plots = sorted(p.name for p in (report / "plots").glob("*.png"))
+    plots = sorted(p.name for p in (report / "plots").glob("*.png") if p.name != "forecast_ratio.png")
     assert plots == ["local-llama_a_float32_bs1_new4.png", "local-llama_b_float32_bs1_new4.png"]
     selection = (report / "selection.md").read_text()
     decision = selection.split("## Evidence")[0]

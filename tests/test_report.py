@@ -145,11 +145,12 @@ def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(fi
     assert "Selection (fastest by tpot_ms" in run.out and "tiny-llama float32 bs1 ctx192 new4: fastest" in run.out
     assert str(folder / "report.html") in run.out
 
-    [plot] = (folder / "plots").glob("*.png")  # one facet: one model, dtype, batch, new tokens
+    # one facet: one model, dtype, batch, new tokens (beside the forecast's figure: every cell's ratio)
+    [plot] = (p for p in (folder / "plots").glob("*.png") if p.name != "forecast_ratio.png")
     assert plot.name == "tiny-llama_float32_bs1_new4.png" and _not_blank(plot)
     page = (folder / "report.html").read_text()
     assert '<table id="decision">' in page and '<table id="evidence">' in page
-    assert page.count('src="data:image/png;base64,') == 1 and not re.search(r'src="(?!data:)', page)
+    assert page.count('src="data:image/png;base64,') == 2 and not re.search(r'src="(?!data:)', page)  # + forecast
     selection = (folder / "selection.md").read_text()
     assert re.search(r"\| \[?offloaded(\]\([^)]*\))? \| skipped \|", selection)  # failures are listed, not dropped
     assert "not run: offloaded needs CUDA" in selection
@@ -174,5 +175,6 @@ def test_sweep_writes_logs_and_prints_the_report_and_mlflow_alone_rebuilds_it(fi
     assert "8 cells" in out and "Selection" in out
     assert (rebuilt / "selection.md").read_text() == selection  # same decisions, numbers and run links
     assert _not_blank(rebuilt / "plots" / plot.name)
+    assert _not_blank(rebuilt / "plots" / "forecast_ratio.png")  # the ratios came back from MLflow too
     assert main(["report", "--tracking-uri", run.tracking_uri, "--out", str(rebuilt), "--max-slowdown", "5"]) == 0
     assert "leanest within 500%" in (rebuilt / "selection.md").read_text()

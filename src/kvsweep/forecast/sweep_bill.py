@@ -112,12 +112,13 @@ def packed_seconds(seconds: list[float], slots: int) -> float:
 
 
 def cell_lines(cells: list[ForecastCell]) -> list[str]:
-    """plan.txt's per-cell forecast: `<label>  42.1 s  (measured 61%, quality 22%)`, the two largest terms."""
+    """plan.txt's per-cell forecast, indented under the bill so no line reads as a plan line:
+    `  <label>  42.1 s  (measured 61%, quality 22%)`, the two largest terms."""
     lines = []
     for c in cells:
         forecast = c.forecast.forecast
         total = forecast.total or 1.0
         top = sorted(forecast.terms, key=lambda t: -t.seconds)[:2]
         parts = ", ".join(f"{t.name} {t.seconds / total:.0%}" for t in top)
-        lines.append(f"{c.cell.label}  {duration(forecast.total)}  ({parts})")
+        lines.append(f"  {c.cell.label}  {duration(forecast.total)}  ({parts})")
     return lines
