@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 from kvsweep.caches import BASELINE, CacheStrategy, get_strategy
 from kvsweep.forecast.device_rates import DeviceRates
-from kvsweep.forecast.terms import Forecast, Term, duration, prefill_flops
+from kvsweep.forecast.terms import (
+    Forecast,
+    Term,
+    decode_seconds,
+    duration,
+    load_seconds,
+    prefill_flops,
+    prefill_seconds,
+)
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.inputs.spec import RANDOM
 from kvsweep.models.shape import KvShape
@@ -82,12 +90,16 @@ def call_cost(
         flops = prefill_flops(model.parameters, context + new // 2, shape.layers, width, rows)
         step = flops / rates.flop_rate + overhead
         return CallCost(prefill_flops(model.parameters, context, shape.layers, width, rows) / rates.flop_rate, step)
-    prefill = prefill_flops(model.parameters, context, shape.layers, width, rows) / rates.flop_rate + overhead
+    prefill = prefill_seconds(prefill_flops(model.parameters, context, shape.layers, width, rows), rates.flop_rate)
     traffic = decode_kv_traffic(strategy, shape, rows, cell.dtype, context, new)
-    step = (model.weight_bytes + traffic.device_bytes) / rates.bandwidth
-    step += traffic.host_link_bytes / rates.host_link
-    step += overhead * STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0)
-    return CallCost(prefill, step)
+    step = decode_seconds(
+        model.weight_bytes + traffic.device_bytes,
+        rates.bandwidth,
+        traffic.host_link_bytes,
+        rates.host_link,
+        overhead * STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0),
+    )
+    return CallCost(prefill + overhead, step)
 
 
 def expected_measured(protocol: MeasureProtocol, call_s: float) -> int:
@@ -108,7 +120,11 @@ def forecast_cell(
     strategy = get_strategy(cell.cache)
     start = [
         Term("start", rates.start_s, "actor, device set-up and probes"),
-        Term("load", model.weight_bytes / rates.load_rate, f"{model.weight_bytes / 1e9:.2g} GB at {_rate(rates)}"),
+        Term(
+            "load",
+            load_seconds(model.weight_bytes, rates.load_rate),
+            f"{model.weight_bytes / 1e9:.2g} GB at {_rate(rates)}",
+        ),
     ]
     compiled = compile_s if compile_s is not None else rates.compile_allowance_s
     if cell.is_workload:

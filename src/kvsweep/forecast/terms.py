@@ -10,12 +10,7 @@ as `planner.host_link_gbps` is.
 
 from dataclasses import dataclass
 
-from kvsweep.forecast.sustained import (
-    GPU_BANDWIDTH_FRACTION,
-    GPU_FLOP_FRACTION,
-    HOST_LINK_FRACTION,
-    STEP_OVERHEAD_S,
-)
+from kvsweep.forecast.sustained import STEP_OVERHEAD_S
 
 
 def prefill_flops(params: int, tokens: int, layers: int, hidden: int, batch: int = 1) -> float:
@@ -103,42 +98,6 @@ class Forecast:
             line = f"{term.name:<{width}}  {duration(term.seconds):>9}  {share:>4.0%}"
             lines.append(f"{line}  {term.detail}" if term.detail else line)
         return "\n".join(lines)
-
-
-# --- terms with their arithmetic written out ------------------------------------------------------------------------
-
-
-def prefill_term(flops: float, peak_flop_rate: float, fraction: float = GPU_FLOP_FRACTION, calls: int = 1) -> Term:
-    """`calls` prefills of `flops` each at `fraction` of the device's peak FLOP/s."""
-    seconds = calls * prefill_seconds(flops, peak_flop_rate * fraction)
-    times = f"{calls} × " if calls != 1 else ""
-    return Term("prefill", seconds, f"{times}{sci(flops)} FLOP ÷ ({sci(peak_flop_rate)} FLOP/s × {fraction:g})")
-
-
-def decode_term(
-    step_bytes: float,
-    steps: int,
-    bandwidth: float,
-    fraction: float = GPU_BANDWIDTH_FRACTION,
-    host_link_bytes: float = 0.0,
-    host_link_bandwidth: float | None = None,
-    link_fraction: float = HOST_LINK_FRACTION,
-    overhead_s: float = STEP_OVERHEAD_S,
-) -> Term:
-    """`steps` decode steps (every call's, together), each `decode_seconds` at the sustained shares of the device's
-    bandwidth and the host link's datasheet rate (pass `link_fraction=1` for a configured, sustained link rate)."""
-    link_rate = host_link_bandwidth * link_fraction if host_link_bandwidth else None
-    step = decode_seconds(step_bytes, bandwidth * fraction, host_link_bytes, link_rate, overhead_s)
-    parts = [f"{sci(step_bytes)} B ÷ ({sci(bandwidth)} B/s × {fraction:g})"]
-    if host_link_bytes and host_link_bandwidth:
-        parts.append(f"{sci(host_link_bytes)} B ÷ ({sci(host_link_bandwidth)} B/s × {link_fraction:g})")
-    if overhead_s:
-        parts.append(duration(overhead_s))
-    return Term("decode", steps * step, f"{steps} steps × ({' + '.join(parts)})")
-
-
-def load_term(weight_bytes: float, rate: float) -> Term:
-    return Term("load", load_seconds(weight_bytes, rate), f"{sci(weight_bytes)} B ÷ {sci(rate)} B/s")
 
 
 # --- formatting -------------------------------------------------------------------------------------------------------
