@@ -6,7 +6,7 @@ saving of each request is dynamic's end-to-end time less the compiled one's; `co
 package) turns those into a count, or "never" when the compiled cache is not faster on average.
 """
 
-from collections import defaultdict
+from collections.abc import Iterable
 
 from kvsweep.caches import BASELINE
 from kvsweep.names import Metric, ResultTag
@@ -39,20 +39,17 @@ def payback_text(compiled: CellResult, group: list[CellResult]) -> str:
     return found if isinstance(found, str) else f"{found} requests"
 
 
-def payback_findings(results: list[CellResult]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+def payback_findings(
+    groups: Iterable[list[CellResult]],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
     """(metrics, tags) by cell id for each compiled workload cell whose payback can be told, for its MLflow run:
     `compile_payback_requests` where compiling pays back, and the `kvsweep.compile_payback` tag ("12 requests" or
-    "never"). A cell is set against the dynamic cell of its own mix, serving mode and B; one that cannot be told
-    (no dynamic cell, or a report rebuilt without the samples) gets nothing, so a rebuilt report never overwrites
-    what the sweep found."""
-    groups: dict[tuple, list[CellResult]] = defaultdict(list)
-    for result in results:
-        if result.cell.is_workload:
-            c = result.cell
-            groups[(c.model, c.dtype, c.weights, c.workload, c.serving, c.batch_size)].append(result)
+    "never"). `groups`: the workload groups (`workload_report.workload_groups`: one mix, serving mode and B each),
+    a compiled cell set against its group's dynamic cell; one that cannot be told (no dynamic cell, or a report
+    rebuilt without the samples) gets nothing, so a rebuilt report never overwrites what the sweep found."""
     metrics: dict[str, dict[str, float]] = {}
     tags: dict[str, dict[str, str]] = {}
-    for group in groups.values():
+    for group in groups:
         for result in group:
             if not result.cell.compile or result.status != OK:
                 continue

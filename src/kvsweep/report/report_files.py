@@ -21,7 +21,7 @@ from kvsweep.report.selection import Decision, Settings, decide, quality_loss_ta
 from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
 from kvsweep.report.weights_tables import weights_kv_tables
 from kvsweep.report.workload_quality import fill_agreement
-from kvsweep.report.workload_report import WorkloadSection, workload_section
+from kvsweep.report.workload_report import WorkloadSection, workload_groups, workload_section
 from kvsweep.results import CellResult
 
 __all__ = [
@@ -100,7 +100,7 @@ def settings_from(values: dict[str, Any]) -> Settings:
 def write_report(results: list[CellResult], folder: Path, context: ReportContext) -> Report:
     folder.mkdir(parents=True, exist_ok=True)
     found = fill_agreement(results)  # a workload cell's tokens against its dynamic cell's, when the samples are at hand
-    payback_metrics, payback_tags = payback_findings(results)
+    payback_metrics, payback_tags = payback_findings(workload_groups(results).values())
     for cid, metrics in payback_metrics.items():
         found.setdefault(cid, {}).update(metrics)
     decisions = decide(results, context.settings)
