@@ -131,7 +131,7 @@ def test_equal_batches_go_to_the_higher_goodput_and_without_a_cost_there_is_no_c
 def test_a_cache_that_loses_the_task_is_refused_for_capacity_however_far_it_goes(tmp_path):
     results = dynamic_search(**PASSKEY_15) + quantized_search("quantized-quanto-int4", **PASSKEY_5)
     rep = report(tmp_path, results)
-    refusal = "passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 256: quality loss"
+    refusal = "passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 256 (independent intervals): quality loss"
     assert rep.short_form.splitlines()[-1].endswith(
         "within tpot <= 50 ms: dynamic (batch 4, 200 tok/s); "
         f"refused for quality: quantized-quanto-int4 (batch 8; {refusal})"

@@ -39,7 +39,7 @@ RANGES = {
     "slo.tpot_ms": (["-1"], "0"),
     "slo.ttft_ms": (["-1"], "0"),
     "workload.requests": (["0"], "1"),
-    "workload.rate": (["-0.5"], "0"),
+    "workload.rate": (["[-0.5]"], "[0]"),  # an axis: each rate checked
     "workload.warmup_requests": (["-1"], "0"),
     "inputs.depths": (["[-0.1]", "[1.5]"], "[1]"),
     "ray.gpus_per_cell": (["0"], "1"),

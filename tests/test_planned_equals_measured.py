@@ -45,8 +45,9 @@ NOT_ALL_FULL_ATTENTION = [
     "tiny-mistral-sliding",  # sliding layers only
 ]
 REFUSED = [(kind, cache) for kind in NOT_ALL_FULL_ATTENTION for cache in QUANTIZED]
-# kvsweep's own limit, not Transformers': continuous batching runs these kinds, but the pages of their sliding and
-# state allocators are not accounted yet, so a paged cell of them is planned skipped and skipped by the cell, saying so.
+# Continuous batching refuses the state and chunked kinds itself (Transformers accepts full and sliding layers only);
+# for the sliding kinds it runs, kvsweep's pool accounts full-attention pages only: a paged cell of any of these is
+# planned skipped and skipped by the cell, saying why.
 UNACCOUNTED = [(kind, "paged") for kind in NOT_ALL_FULL_ATTENTION]
 
 FAST, SLOW = (), (pytest.mark.slow,)

@@ -47,7 +47,8 @@ def only(results, **settings):
 def test_a_lost_task_is_refused_even_as_the_fastest_and_leanest_with_both_accuracies_named():
     decision = only([cell("dynamic", 15), cell("quantized-quanto-int4", 5, tpot=6.0, kv=250.0)])
     assert decision.pick.label == "dynamic" and decision.leanest.label == "dynamic"
-    line = "quantized-quanto-int4 (passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 4096: quality loss)"
+    line = "quantized-quanto-int4 (passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 4096 "
+    line += "(independent intervals): quality loss)"
     assert f"refused: {line}" in decision.summary()
     assert quality_loss_tags([decision]) == {
         "dynamic-4096": INFORMATIVE_TAG,

@@ -30,7 +30,7 @@ def test_slower_on_the_ranking_timing_is_advised_against(rank_by):
     results = [recorded("dynamic", DYNAMIC, 1000.0), quantized(slower_on=rank_by, factor=1.2)]
     [decision] = decide(results, Settings(rank_by=rank_by))
     entry = next(e for e in decision.entries if e.label == "quantized-hqq-int4")
-    assert entry.deltas[rank_by] == pytest.approx(0.2)  # 1.2x dynamic
+    assert entry.deltas[rank_by.removesuffix("_ms").upper()] == pytest.approx(0.2)  # 1.2x dynamic
     assert ADVICE in entry.advice
     assert decision.pick.label == "dynamic"  # the lower rank_by
     label = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: "E2E"}[rank_by]
@@ -43,7 +43,15 @@ def test_faster_on_the_ranking_timing_gets_no_such_advice(rank_by):
     results = [recorded("dynamic", DYNAMIC, 1000.0), recorded("quantized-hqq-int4", timings, 300.0)]
     [decision] = decide(results, Settings(rank_by=rank_by))
     entry = next(e for e in decision.entries if e.label == "quantized-hqq-int4")
-    assert entry.deltas[rank_by] == pytest.approx(-0.2)
-    assert entry.deltas[Metric.TPOT_MS if rank_by != Metric.TPOT_MS else Metric.TTFT_MS] == pytest.approx(0.5)
+    assert entry.deltas[rank_by.removesuffix("_ms").upper()] == pytest.approx(-0.2)
+    assert entry.deltas["TPOT" if rank_by != Metric.TPOT_MS else "TTFT"] == pytest.approx(0.5)
     assert entry.advice == ""
-    assert decision.pick.label == "quantized-hqq-int4"
+    # 50% slower than dynamic on the two other latencies: never the pick, and the line says why...
+    assert decision.pick.label == "dynamic"
+    others = [m for m in TIMINGS if m != rank_by]
+    for other in others:
+        name = {Metric.TPOT_MS: "TPOT", Metric.TTFT_MS: "TTFT", Metric.E2E_MS: "E2E"}[other]
+        assert f"{name} +50% > 10%" in decision.summary()
+    # ...unless the user waives them: then the faster ranked timing wins
+    [waived] = decide(results, Settings(rank_by=rank_by, waive_slowdown=tuple(others)))
+    assert waived.pick.label == "quantized-hqq-int4"

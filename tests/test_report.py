@@ -35,7 +35,7 @@ def test_fastest_and_leanest_are_picked_with_costs_against_dynamic():
     assert decision.pick.label == "static"
     assert decision.leanest.label == "quantized-hqq-int4"
     static = next(e for e in decision.entries if e.label == "static")
-    assert static.deltas == pytest.approx({"tpot_ms": -0.12, "ttft_ms": 0.03, "memory": 0.30})
+    assert static.deltas == pytest.approx({"TPOT": -0.12, "TTFT": 0.03, "memory": 0.30})
     line = short_form([decision])
     assert "fastest static" in line and "TPOT -12%, TTFT +3%, memory +30% vs dynamic" in line
     assert "leanest within 10%: quantized-hqq-int4 (TPOT -5%" in line and "memory -70%" in line

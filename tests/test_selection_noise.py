@@ -44,7 +44,7 @@ def test_separate_intervals_name_the_fastest_with_the_uncertainty_of_its_cost():
     assert not decision.tied and decision.pick.label == "static"
     static = next(e for e in decision.entries if e.label == "static")
     # -20%; relative half-widths 2.5% and 2% in quadrature, times the ratio 0.8: +-2.56%.
-    assert static.errors["tpot_ms"] == pytest.approx(0.8 * math.hypot(0.025, 0.02))
+    assert static.errors["TPOT"] == pytest.approx(0.8 * math.hypot(0.025, 0.02))
     assert "TPOT -20% ±3%" in short_form([decision])
 
 

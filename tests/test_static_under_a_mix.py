@@ -7,12 +7,14 @@ long request itself (both read about 2,000 positions a step), and clearly slower
 expectation comes from dynamic's own two lengths, measured in the same run, interleaved.
 """
 
+import functools
 import statistics
 
 import pytest
 import torch
 
 from kvsweep.caches import get_strategy
+from kvsweep.cell.checks import check_cache
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.workload_cell import served_strategy
 from kvsweep.cell.workload_replay import prompt_ids, replay_generate
@@ -39,7 +41,10 @@ def test_static_sized_for_the_longest_request_slows_the_short_ones_as_its_length
     tpot: dict[tuple[str, int], list[float]] = {}
     for _ in range(3):  # interleaved: a burst of noise falls on both strategies alike
         for strategy in (dynamic, static):
-            replay = replay_generate(session, strategy, MIX, prompts, "sequential", 1, lambda call: None)
+            # every call's cache is the strategy's: static's reserving LONG + NEW - 1 for the short requests too
+            check = functools.partial(check_cache, strategy, cell=cell)
+            replay = replay_generate(session, strategy, MIX, prompts, "sequential", 1, check)
+            assert len(replay.calls) == len(MIX)  # one call a request, each checked
             for request in replay.requests:
                 tpot.setdefault((strategy.base_name, request.input_tokens), []).append(request.tpot_ms)
     median = {key: statistics.median(values) for key, values in tpot.items()}

@@ -231,6 +231,20 @@ def test_poisson_arrivals_start_at_zero_and_average_one_over_the_rate():
     assert all(b >= a for a, b in itertools.pairwise(arrivals))
     # 19,999 exponential gaps of mean 1/4 s: their mean's relative sd is 1/sqrt(19,999) ~ 0.7%; allow 3%.
     assert abs(arrivals[-1] / 19_999 / 0.25 - 1) < 0.03
+    # Evenly spaced arrivals have that mean too: the gaps must also spread as an exponential's do. Its standard
+    # deviation equals its mean (coefficient of variation 1; the sample's sd about 1%, allow 5%)...
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    mean = sum(gaps) / len(gaps)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1))
+    assert abs(sd / mean - 1) < 0.05
+    # ...and their distribution is the exponential's, 1 - exp(-4x): the Kolmogorov-Smirnov distance of 19,999
+    # draws stays under 1.63 / sqrt(n) ~ 0.0115 with 99% probability (evenly spaced gaps: 1 - 1/e ~ 0.63)
+    ordered = sorted(gaps)
+    n = len(ordered)
+    distance = max(
+        max((i + 1) / n - (1 - math.exp(-4 * g)), (1 - math.exp(-4 * g)) - i / n) for i, g in enumerate(ordered)
+    )
+    assert distance < 1.63 / math.sqrt(n)
     assert [(r.input_tokens, r.output_tokens) for r in timed.requests] == [
         (r.input_tokens, r.output_tokens) for r in base.requests
     ]

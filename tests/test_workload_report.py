@@ -1,9 +1,12 @@
 """The report's workload section: groups, per-request CDF figures, percentile tables, and its place in the report."""
 
+from dataclasses import asdict
+
 import pytest
 
+from kvsweep.cell.workload_replay import RequestTimes
 from kvsweep.grid import Cell
-from kvsweep.report.compile_payback import payback_text
+from kvsweep.report.compile_payback import CALL, SERVICE_MS, payback_findings, payback_text
 from kvsweep.report.report_files import ReportContext, write_report
 from kvsweep.report.selection import Settings
 from kvsweep.report.workload_quality import fill_agreement
@@ -64,12 +67,12 @@ def test_workload_cells_group_by_what_they_served_and_plain_cells_are_left_out()
     ]
     groups = workload_groups(results)
     assert list(groups) == [
-        ("org/other", "bfloat16", "none", "chat", "continuous", 4),
-        ("org/served", "bfloat16", "none", "chat", "batched", 4),
-        ("org/served", "bfloat16", "none", "chat", "continuous", 4),
-        ("org/served", "bfloat16", "none", "rag", "continuous", 8),
+        ("org/other", "bfloat16", "none", "chat", "continuous", 4, 0.0),
+        ("org/served", "bfloat16", "none", "chat", "batched", 4, 0.0),
+        ("org/served", "bfloat16", "none", "chat", "continuous", 4, 0.0),
+        ("org/served", "bfloat16", "none", "rag", "continuous", 8, 0.0),
     ]
-    chat = groups[("org/served", "bfloat16", "none", "chat", "continuous", 4)]
+    chat = groups[("org/served", "bfloat16", "none", "chat", "continuous", 4, 0.0)]
     assert [(r.cell.cache, r.cell.compile) for r in chat] == [("dynamic", False), ("static", True)]
 
 
@@ -128,6 +131,7 @@ def test_the_table_gives_percentiles_with_intervals_where_they_exist():
         "kv_cache_bytes": 3 * MIB,
         "static_unused_share": 0.25,
         "padding_share": 0.125,
+        "overgeneration_share": 0.375,
     }
     results = [
         workload("static", metrics=metrics),
@@ -143,6 +147,7 @@ def test_the_table_gives_percentiles_with_intervals_where_they_exist():
         "KV cache MiB",
         "static unused %",
         "padding %",
+        "overgenerated %",
         "compile payback",
     ]
     dynamic, static = table.rows
@@ -162,9 +167,10 @@ def test_the_table_gives_percentiles_with_intervals_where_they_exist():
         "3.00",
         "25.0",
         "12.5",
+        "37.5",
         "-",  # not compiled: nothing to pay back
     ]
-    assert dynamic == ["dynamic", "9.0", *["-"] * 8, "4.00", "-", "2.00", "-", "-", "-"]
+    assert dynamic == ["dynamic", "9.0", *["-"] * 8, "4.00", "-", "2.00", "-", "-", "-", "-"]
     assert table.failed == ["offloaded: oom"]
     assert missing == ["p50", "p99"]  # dynamic's p50 has no interval either
 
@@ -209,22 +215,70 @@ def test_the_report_carries_the_section_only_when_the_sweep_has_workload_cells(t
     assert not list((tmp_path / "plain" / "plots").glob("workload_*"))
 
 
-def test_compile_payback_is_compile_seconds_over_the_per_request_saving():
-    """Compiling took 0.5 s; the compiled static cache answers each request 40 ms sooner than dynamic (100 vs 60 ms
-    end to end): 0.5 / 0.04 = 12.5, so the 13th request repays it. The mix has 4 requests, so the saving
-    goes on at its mean past them. Slower than dynamic: never."""
-    dynamic = workload("dynamic", reqs=requests([100.0] * 4, [10.0] * 4))
-    faster = workload("static", compile=True, metrics={"compile_s": 0.5}, reqs=requests([60.0] * 4, [5.0] * 4))
+def served(records, call_ms, rows=1):
+    """`records` as `generate` served them: `rows` consecutive requests a call, each call taking `call_ms`."""
+    for i, record in enumerate(records):
+        record["call"], record["service_ms"] = i // rows, call_ms
+    return records
+
+
+def test_compile_payback_is_compile_seconds_over_the_per_call_saving_in_server_seconds():
+    """Compiling took 0.5 s; the compiled static cache serves each request in 60 ms of the server's time against
+    dynamic's 100: 0.5 / 0.04 = 12.5, so the 13th request repays it. The mix has 4 requests, so the saving goes on
+    at its mean past them. Its end-to-end times (1 s, queued behind open-loop arrivals) are not the server's work:
+    they do not count. Slower than dynamic: never."""
+    dynamic = workload("dynamic", reqs=served(requests([100.0] * 4, [10.0] * 4), 100.0))
+    faster = workload(
+        "static", compile=True, metrics={"compile_s": 0.5}, reqs=served(requests([1000.0] * 4, [5.0] * 4), 60.0)
+    )
     slower = workload(
-        "static", compile=True, mix="chat", metrics={"compile_s": 0.5}, reqs=requests([120.0] * 4, [5.0] * 4)
+        "static", compile=True, metrics={"compile_s": 0.5}, reqs=served(requests([60.0] * 4, [5.0] * 4), 120.0)
     )
     assert payback_text(faster, [dynamic, faster]) == "13 requests"
     assert payback_text(slower, [dynamic, slower]) == "never"
     assert payback_text(dynamic, [dynamic, faster]) == "-"
     assert payback_text(faster, [faster]) == "no dynamic cell"
     # within the mix: savings 40, 40, 40, 40 ms against 0.1 s of compiling: the 3rd request (120 ms) repays it
-    quick = workload("static", compile=True, metrics={"compile_s": 0.1}, reqs=requests([60.0] * 4, [5.0] * 4))
+    quick = workload(
+        "static", compile=True, metrics={"compile_s": 0.1}, reqs=served(requests([60.0] * 4, [5.0] * 4), 60.0)
+    )
     assert payback_text(quick, [dynamic, quick]) == "3 requests"
+
+
+def test_a_batched_call_saves_once_however_many_rows_it_serves():
+    """Batches of 2: each call takes dynamic 100 ms and compiled 60 ms, a saving of 40 ms a call, not 40 ms a row.
+    0.07 s of compiling: the first call saves 40 ms, the second 80 in all: repaid with the second call's rows, the
+    4th request (counted per row, 40 ms each, it would have been the 2nd). 0.1 s: past the mix's 80 ms, at its mean
+    per request (80 ms over 4 requests, 20 ms): 0.1 / 0.02 = 5 requests."""
+    dynamic = workload("dynamic", reqs=served(requests([100.0] * 4, [10.0] * 4), 100.0, rows=2))
+    compiled = {
+        compile_s: workload(
+            "static",
+            compile=True,
+            metrics={"compile_s": compile_s},
+            reqs=served(requests([60.0] * 4, [5.0] * 4), 60.0, rows=2),
+        )
+        for compile_s in (0.07, 0.1)
+    }
+    assert payback_text(compiled[0.07], [dynamic, compiled[0.07]]) == "4 requests"
+    assert payback_text(compiled[0.1], [dynamic, compiled[0.1]]) == "5 requests"
+    alone = workload("dynamic", reqs=served(requests([100.0] * 4, [10.0] * 4), 100.0))  # one request a call
+    assert payback_text(compiled[0.1], [alone, compiled[0.1]]) == "the cells' calls differ"
+
+
+def test_samples_without_call_times_cannot_tell_a_payback():
+    """Records written before requests carried their call and its time: the report says it cannot tell."""
+    dynamic = workload("dynamic", reqs=requests([100.0] * 4, [10.0] * 4))
+    compiled = workload(
+        "static", compile=True, metrics={"compile_s": 0.1}, reqs=served(requests([60.0] * 4, [5.0] * 4), 60.0)
+    )
+    assert payback_text(compiled, [dynamic, compiled]) == "needs both cells' call times (older samples lack them)"
+    assert payback_findings([[dynamic, compiled]]) == ({}, {})  # nothing logged that it could not tell
+
+
+def test_a_request_record_carries_the_fields_the_payback_reads():
+    record = asdict(RequestTimes(8, 2, None, 1.0, 1.0, 2.0, 0.0, (1, 2), 0, 3.0))
+    assert record[CALL] == 0 and record[SERVICE_MS] == 3.0
 
 
 def with_tokens(cache, tokens, **kw):

@@ -11,6 +11,7 @@ from kvsweep.workload.latency_stats import (
     RequestTiming,
     compile_payback,
     goodput,
+    overgeneration_share,
     padding_share,
     percentile_with_interval,
     static_unused_share,
@@ -121,13 +122,30 @@ def test_static_unused_share_of_a_reservation():
     # batch 1, 400 slots per request; written = input + output - 1:
     # 109 + 349 + 219 + 204 + 50 = 931 of 5 * 400 = 2000 -> 1 - 931/2000
     assert static_unused_share(MIX, reserved_tokens=400, batch=1) == pytest.approx(1 - 931 / 2000)
-    # batch 2: rows padded to 300, 300, 200, 200, 50:
-    # (300+10-1) + (300+50-1) + (200+20-1) + (200+5-1) + (50+1-1) = 309 + 349 + 219 + 204 + 50 = 1131
-    assert static_unused_share(MIX, reserved_tokens=400, batch=2) == pytest.approx(1 - 1131 / 2000)
+    # batch 2: generate runs both rows of a batch to its longest output, each padded to its longest prompt:
+    # [(100, 10), (300, 50)]: 2 x (300 + 50 - 1) = 698; [(200, 20), (200, 5)]: 2 x (200 + 20 - 1) = 438;
+    # [(50, 1)]: 50. The (200, 5) row writes 219 slots, not the 204 its own output would.
+    assert static_unused_share(MIX, reserved_tokens=400, batch=2) == pytest.approx(1 - (698 + 438 + 50) / 2000)
     # The longest request needs 300 + 50 - 1 = 349 slots: 349 fits exactly, 348 cannot hold it.
     assert static_unused_share(RequestMix("one", (Request(300, 50),)), 349, 1) == 0.0
-    with pytest.raises(WorkloadError, match="cannot hold a request needing 349"):
+    with pytest.raises(WorkloadError, match="cannot hold a batch needing 349"):
         static_unused_share(MIX, reserved_tokens=348, batch=1)
+    # (100 in, 4 out) and (8 in, 60 out) batched: both rows pad to 100 and run to 60: 159 slots each, a 159-slot
+    # reservation full; sequential, each writes its own: 103 and 67 of 103.
+    pair = RequestMix("pair", (Request(100, 4), Request(8, 60)))
+    assert static_unused_share(pair, 159, batch=2) == 0.0
+    assert static_unused_share(pair, 103, batch=1) == pytest.approx(1 - (103 + 67) / 206)
+
+
+def test_overgeneration_share_of_static_batches():
+    # batch 2: [10, 50] runs both to 50: 40 past the first's own; [20, 5]: 15 past; [1] alone: none.
+    # generated: 2 x 50 + 2 x 20 + 1 = 141
+    assert overgeneration_share(MIX, batch=2) == pytest.approx((40 + 15) / 141)
+    # batch 3: [10, 50, 20] to 50: 40 + 0 + 30 of 150; [5, 1] to 5: 4 of 10
+    assert overgeneration_share(MIX, batch=3) == pytest.approx((70 + 4) / 160)
+    assert overgeneration_share(MIX, batch=1) == 0.0  # one request a call stops at its own output
+    with pytest.raises(ValueError):
+        overgeneration_share(MIX, batch=0)
 
 
 def test_compile_payback():
@@ -143,3 +161,13 @@ def test_compile_payback():
     assert compile_payback(1.1, [0.1], [0.2]) == 11
     with pytest.raises(ValueError):
         compile_payback(1.0, [1.0, 2.0], [3.0])
+
+
+def test_compile_payback_of_batched_calls():
+    # Calls of 2, 2 and 1 rows, each 1 s faster compiled: one saving a call. 2 s of compiling: repaid when the
+    # second call ends, with its rows: 4 requests.
+    assert compile_payback(2.0, [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], rows=[2, 2, 1]) == 4
+    # 4 s: past the mix's 3 s over 5 requests, 0.6 s a request: ceil(4 / 0.6) = 7.
+    assert compile_payback(4.0, [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], rows=[2, 2, 1]) == 7
+    with pytest.raises(ValueError):
+        compile_payback(1.0, [1.0, 2.0], [3.0, 4.0], rows=[2])

@@ -14,7 +14,8 @@ from kvsweep.names import PARAM_KEYS
 from kvsweep.workload.workload_spec import WorkloadSpec
 
 CELL_FIELDS = PARAM_KEYS  # a cell's fields, in order: each is logged as an MLflow param of that name
-WORKLOAD_FIELDS = ("workload", "serving")  # logged only on a workload cell; a fixed-shape cell's id leaves them out
+# Logged only on a workload cell; a cell's id leaves them out at their defaults ("", 0), so older ids stay
+WORKLOAD_FIELDS = ("workload", "serving", "rate")
 NO_WEIGHT_QUANTIZATION = "none"  # the model's weights as its checkpoint (or preset) has them
 
 
@@ -35,6 +36,7 @@ class Cell:
     # are then the mix's longest prompt and output (what the planner fits). "" for a cell of one fixed shape.
     workload: str = ""
     serving: str = ""
+    rate: float = 0.0  # Poisson arrivals a second it is offered (`workload.rate`); 0: closed loop or a trace's times
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,23 +137,32 @@ def strategy_label(cell: Cell) -> str:
     return cell.cache + ("+compile" if cell.compile else "")
 
 
+def serving_label(cell: Cell) -> str:
+    """`sequential`, or `sequential@2rps` for a cell offered a rate: how a workload cell served its mix."""
+    return cell.serving + (f"@{cell.rate:g}rps" if cell.rate > 0 else "")
+
+
 def cell_label(cell: Cell, model_name: str = "") -> str:
     """`static+compile ctx64 bs1 float32 local-llama`: the cell's MLflow run name, progress line and plan line;
-    quantized weights follow the model (`... local-llama quanto-int8`).
+    quantized weights follow the model (`... local-llama quanto-int8`); a workload cell names its mix and serving
+    mode instead of a context, and its offered rate when it has one (`dynamic chat sequential@2rps bs1 ...`).
 
     The model by its display name (model_names.py); the run name is part of the MLflow contract.
     """
     model = model_name or short_name(cell.model)
     weights = "" if cell.weights == NO_WEIGHT_QUANTIZATION else f" {cell.weights}"
-    shape = f"{cell.workload} {cell.serving}" if cell.is_workload else f"ctx{cell.context_length}"
+    shape = f"{cell.workload} {serving_label(cell)}" if cell.is_workload else f"ctx{cell.context_length}"
     return f"{strategy_label(cell)} {shape} bs{cell.batch_size} {cell.dtype} {model}{weights}"
 
 
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     """Stable hash of the protocol's version, the cell and its whole measurement protocol (the resume key and
-    the `kvsweep.cell_id` tag): any change to any of them is another cell."""
-    fields = {k: v for k, v in cell.to_dict().items() if v != "" or k not in WORKLOAD_FIELDS}  # older ids stay
+    the `kvsweep.cell_id` tag): any change to any of them is another cell. An open-loop cell's arrival times
+    count as well (its rate's, drawn with the seed)."""
+    fields = {k: v for k, v in cell.to_dict().items() if k not in WORKLOAD_FIELDS or v not in ("", 0.0)}  # older ids
     payload = {"version": PROTOCOL_VERSION, "cell": fields, "protocol": protocol.identity()}
+    if cell.rate > 0 and protocol.workload is not None:
+        payload["arrivals"] = protocol.workload.arrivals_sha256(cell.rate)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

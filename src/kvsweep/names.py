@@ -9,6 +9,8 @@ that a real sweep logs exactly what is declared here.
 REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML), logged on the parent as is
 CAPACITY_CSV = "capacity.csv"  # capacity frontiers, one row each: in the report folder and the run folder (parent run)
 TASK_JSONL = "task.jsonl"  # a cell's task trials, one JSON object a line: what was asked, what the model said
+PARETO_CSV = "pareto.csv"  # each selection group's Pareto front (ranked latency, memory, quality), the pick marked
+SATURATION_CSV = "saturation.csv"  # per cache, serving mode and mix: the highest offered rate sustained, and the next
 
 
 def _values(namespace: type) -> tuple[str, ...]:
@@ -145,8 +147,15 @@ class Metric:
     STATIC_UNUSED_SHARE = "static_unused_share"  # a static cache over a mix: reserved token slots never filled
     PADDING_SHARE = "padding_share"  # batched serving: prompt positions that are padding
     RECOMPILES = "recompiles"  # a compiled cell over a mix: graphs compiled after the first request's
-    COMPILE_S = "compile_s"  # a compiled cell over a mix: the cold replay's seconds beyond the measured one's
+    COMPILE_S = "compile_s"  # a compiled cell over a mix: its cold replay's server seconds beyond the measured one's
     COMPILE_PAYBACK_REQUESTS = "compile_payback_requests"  # requests of the mix until compiling has paid back
+    OFFERED_REQUESTS_PER_S = "offered_requests_per_s"  # the arrival rate a workload cell was offered (open loop)
+    OVERGENERATION_SHARE = "overgeneration_share"  # batched: tokens generated past requests' own outputs, a share
+    # A workload cell against the reference cell (its mix's dynamic cell, same serving mode, B and rate) on the same
+    # requests: the median of the per-request ratios mine / reference (worked out by the report across cells)
+    PAIRED_RATIO_TTFT = "paired_ratio_ttft"
+    PAIRED_RATIO_TPOT = "paired_ratio_tpot"
+    PAIRED_RATIO_E2E = "paired_ratio_e2e"
 
 
 WORKLOAD_PERCENTILES = (
@@ -191,6 +200,7 @@ PARAM_KEYS = (
     "weights",
     "workload",  # a workload cell's request mix (`workload.*`), with `serving`: "" on a fixed-shape cell
     "serving",
+    "rate",  # a workload cell's offered Poisson rate, requests/s (`workload.rate`); 0: closed loop or a trace's times
 )
 INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the cell hashes what it was fed)
 # The cell's node as the driver surveyed it at connect (`driver/software_survey.py`): the hash of its software and
@@ -198,7 +208,8 @@ INPUTS_SHA256_PARAM = "inputs_sha256"  # logged when the cell has measured (the 
 NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM = "node_software", "gpu_model"
 NODE_PARAMS = (NODE_SOFTWARE_PARAM, GPU_MODEL_PARAM)
 CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM, *NODE_PARAMS)
-INTERVALS = (*TIMED, *ACCURACIES, *(name for row in WORKLOAD_PERCENTILES for name in row))
+PAIRED_RATIOS = (Metric.PAIRED_RATIO_TTFT, Metric.PAIRED_RATIO_TPOT, Metric.PAIRED_RATIO_E2E)  # carry an interval
+INTERVALS = (*TIMED, *ACCURACIES, *(name for row in WORKLOAD_PERCENTILES for name in row), *PAIRED_RATIOS)
 CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci_high)), *INT_PARAMS)
 CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100
 

@@ -13,10 +13,40 @@ or values. How a sliding layer holds its window (`kept_tokens`; `DynamicSlidingW
 A state layer (linear attention, a short convolution) keeps a fixed state (`layer_states`), and a layer sharing
 another's cache keeps nothing. `offloads` follows Transformers' defaults: a `DynamicCache` offloads every attention
 layer (`offload_only_non_sliding=False`), a `StaticCache` keeps its sliding layers on the device (`True`).
+
+Some of Transformers' caches refuse some layer types outright, by name (`QUANTIZED_LAYER_TYPES`,
+`PAGED_LAYER_TYPES`): `refused_layers` judges a model by its types as Transformers names them (`layer_types`), not
+by what kvsweep counts for them, so a "hybrid" layer kvsweep counts as full attention is still refused.
 """
+
+from collections import Counter
 
 from kvsweep.caches.strategy import CacheStrategy, KvDims
 from kvsweep.units import DTYPE_BYTES
+
+# Transformers 5.25's `QuantizedCache.__init__` (cache_utils.py, every backend: quanto, HQQ, fp8) raises a ValueError
+# when `set(get_layer_types_and_kwargs(config)[0]) - {"full_attention"}` is not empty.
+QUANTIZED_LAYER_TYPES = frozenset({"full_attention"})
+# Transformers 5.25's continuous batching (generation/continuous_batching/cache.py, `group_layers_by_attn_type`, run
+# when `PagedAttentionCache` is built) raises "Invalid layer type" for any type without an allocator in
+# `ATTN_TYPE_TO_ALLOCATOR`: only full_attention and sliding_attention have one. It reads the config's `layer_types`
+# itself, which differ from `get_layer_types_and_kwargs`'s only in ways refused either way: "moe" / "mlp" (there
+# "dummy"), shared layers ("dummy") and a chunk size with no types written (chunked), none of them full attention.
+PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+def layer_types(shape: KvDims) -> tuple[str, ...]:
+    """Each layer's type as Transformers names it (`KvShape.layer_types`; () there: every one full attention)."""
+    return shape.layer_types or ("full_attention",) * shape.layers
+
+
+def refused_layers(shape: KvDims, accepted: frozenset[str]) -> str | None:
+    """The layers whose type is not `accepted`, counted by type in model order (`hybrid (36 layers)`), for a reason
+    that names them; None when every layer's type is accepted."""
+    counts = Counter(kind for kind in layer_types(shape) if kind not in accepted)
+    if not counts:
+        return None
+    return ", ".join(f"{kind} ({n} layer{'' if n == 1 else 's'})" for kind, n in counts.items())
 
 
 def windows(shape: KvDims) -> tuple[int | None, ...]:
@@ -127,15 +157,26 @@ def _kept_and_moved(
 
 
 def quantizable(shape: KvDims) -> bool:
-    """Transformers' `QuantizedCache` refuses any model with a layer that is not full attention."""
-    return not shape.layer_windows and not shape.state_elements
+    """Whether Transformers' `QuantizedCache` takes this model: its `__init__` raises unless every layer type
+    `get_layer_types_and_kwargs` gives is `full_attention` (`QUANTIZED_LAYER_TYPES`), whatever the backend. A
+    layout of other kinds, in a shape built without its types, is refused as well."""
+    return _quantized_refusal(shape) is None
 
 
 def quantized_layers_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
-    """Why a quantized strategy cannot run on this model (a `ShapeProblem`), or None."""
-    if strategy.backend is None or quantizable(shape):
+    """Why a quantized strategy cannot run on this model (a `ShapeProblem`), or None: found before it fails inside
+    `generate`, for every backend alike."""
+    if strategy.backend is None or (refused := _quantized_refusal(shape)) is None:
         return None
     return (
-        f"{strategy.name}: Transformers' QuantizedCache holds only full-attention layers; this model has "
-        "sliding-window, chunked or state layers"
+        f"{strategy.name}: Transformers' QuantizedCache holds only full-attention layers (full_attention); "
+        f"this model has {refused}"
     )
+
+
+def _quantized_refusal(shape: KvDims) -> str | None:
+    """The layers `QuantizedCache` refuses, named, or None."""
+    refused = refused_layers(shape, QUANTIZED_LAYER_TYPES)
+    if refused is None and (shape.layer_windows or shape.state_elements):
+        return "sliding-window, chunked or state layers"
+    return refused

@@ -14,6 +14,7 @@ sectors, and two more sectors are kept as trash space for padded reads and write
 import math
 from dataclasses import dataclass
 
+from kvsweep.caches.layer_tokens import PAGED_LAYER_TYPES, refused_layers
 from kvsweep.caches.strategy import CacheStrategy, KvDims
 from kvsweep.units import DTYPE_BYTES
 
@@ -94,10 +95,19 @@ def paged_step_bytes(
 
 
 def paged_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: int, new: int) -> str | None:
-    """kvsweep accounts a pool of full-attention layers: sliding and state layers get allocators of their own."""
-    if shape.layer_windows or shape.state_elements:
+    """Why a paged cell cannot run on this model, or None: every layer must be `full_attention`. Transformers'
+    continuous batching refuses any type but full and sliding attention (`PAGED_LAYER_TYPES`), and kvsweep
+    accounts a pool of full-attention layers only (sliding and state layers get allocators of their own)."""
+    refused = refused_layers(shape, PAGED_LAYER_TYPES)
+    if refused is not None:
+        return (
+            f"{strategy.name}: Transformers' continuous batching accepts only full_attention and sliding_attention "
+            f"layers, and kvsweep sizes a page pool for full-attention layers only; this model has {refused}"
+        )
+    unaccounted = refused_layers(shape, frozenset({"full_attention"}))
+    if unaccounted is not None or shape.layer_windows or shape.state_elements:
         return (
             f"{strategy.name}: kvsweep sizes a page pool for full-attention layers only; this model has "
-            "sliding-window, chunked or state layers"
+            f"{unaccounted or 'sliding-window, chunked or state layers'}"
         )
     return None

@@ -31,6 +31,9 @@ class KvDims(Protocol):
     # number: a sliding window or chunk; 0: no keys or values), and its fixed state's elements per batch row.
     layer_windows: tuple[int | None, ...]
     state_elements: tuple[int, ...]
+    # Per layer, its type as Transformers names it (() when every layer is `full_attention`): what the caches
+    # that refuse some types judge by (`layer_tokens.refused_layers`).
+    layer_types: tuple[str, ...]
 
 
 # (strategy, shape, batch, dtype, prompt tokens, decoded tokens) -> bytes the cache holds

@@ -2,12 +2,13 @@
 
 The mix is the sweep's, fitted to this model's positions as the planner fitted it. Its first requests are replayed
 once, uncounted, as the warmup; a compiled cell first replays the whole mix cold (every new prompt shape compiles:
-`recompiles`, `compile_s`), then the measured replay. A static layout is sized for the mix's worst moment (its
-longest request; in batched serving its worst batch), as a server must size it, and every request runs in it
-(`static_unused_share` says what that reserves unused).
+`recompiles`; `compile_s`, the cold replay's server seconds beyond the measured one's, see `workload_replay`), then
+the measured replay. A static layout is sized for the mix's worst moment (its longest request; in batched serving
+its worst batch), as a server must size it, and every request runs in it (`static_unused_share` says what that
+reserves unused). Batched through `generate`, every row runs to its batch's longest output (`overgeneration_share`:
+the tokens generated past the rows' own outputs).
 """
 
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -17,7 +18,14 @@ from kvsweep.caches import CacheStrategy
 from kvsweep.cell.checks import check_cache, check_no_recapture
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.paged_session import PagedSession
-from kvsweep.cell.workload_replay import Replay, RequestTimes, prompt_ids, replay_generate, replay_paged
+from kvsweep.cell.workload_replay import (
+    Replay,
+    RequestTimes,
+    compile_seconds,
+    prompt_ids,
+    replay_generate,
+    replay_paged,
+)
 from kvsweep.grid import Cell
 from kvsweep.inputs.prompts import Prompt
 from kvsweep.measure.cache_identity import KvBytes
@@ -29,6 +37,7 @@ from kvsweep.plan.workload_cells import served_strategy
 from kvsweep.workload.latency_stats import (
     RequestTiming,
     goodput,
+    overgeneration_share,
     padding_share,
     percentile_with_interval,
     static_unused_share,
@@ -50,22 +59,22 @@ def measure_workload(
     """(metrics, samples, tags) of the cell's replay of `spec`'s mix; `text`: a prompts file's requests as encoded
     here (`workload_text.py`), else every prompt is random ids."""
     cell = session.cell
-    mix = fitted(spec.mix_for(cell.model), positions)
+    mix = fitted(spec.mix_for(cell.model, cell.rate), positions)  # at the cell's rate's arrival times, if any
     prompts = [list(p.ids) for p in text] if text else prompt_ids(mix.requests, vocab, seed)
     served = served_strategy(strategy, cell)
     warm = mix.requests[: spec.warmup_requests]
-    metrics: dict[str, float] = {}
+    offered = cell.rate or mix.offered_rate  # open loop: the arrival rate offered (the cell's, or a trace's own)
+    metrics: dict[str, float] = {Metric.OFFERED_REQUESTS_PER_S: offered} if offered else {}
     if cell.compile:
-        before, started = compile_events(), time.perf_counter()
+        before = compile_events()
         cold = _replay(session, served, mix.requests, prompts, cell)
         metrics[Metric.RECOMPILES] = float(compile_events() - before)
-        cold_s = time.perf_counter() - started
     elif warm:
         _replay(session, served, warm, prompts, cell)
     compiled_before = compile_events() if cell.compile else 0
     replay = _replay(session, served, mix.requests, prompts, cell)
     if cell.compile:
-        metrics[Metric.COMPILE_S] = max(0.0, cold_s - replay.span_s)
+        metrics[Metric.COMPILE_S] = compile_seconds(cold, replay)  # server seconds: arrival gaps cannot hide them
         metrics[Metric.COMPILE_RECAPTURES] = float(compile_events() - compiled_before)
         del cold
         check_no_recapture(int(metrics[Metric.COMPILE_RECAPTURES]))  # after recording: the numbers stay, the cell fails
@@ -74,8 +83,9 @@ def measure_workload(
     if served.preallocates and served.family != "paged":
         reserved = served.static_length(cell.cached_tokens)
         metrics[Metric.STATIC_UNUSED_SHARE] = static_unused_share(mix, reserved, cell.batch_size)
-    if cell.serving == BATCHED and served.family != "paged":  # continuous batching pads nothing
+    if cell.serving == BATCHED and served.family != "paged":  # continuous batching pads nothing, stops each at its own
         metrics[Metric.PADDING_SHARE] = padding_share(mix, cell.batch_size)
+        metrics[Metric.OVERGENERATION_SHARE] = overgeneration_share(mix, cell.batch_size)
     samples = {"requests": [asdict(r) for r in replay.requests], "mix_sha256": mix.sha256}
     tags = {}
     if replay.calls and (paged := replay.calls[-1].paged) is not None:

@@ -10,11 +10,20 @@ time include that wait (`queue_ms`).
 prompt, as `generate` pads, and runs to its longest output; each row's own times end at its own last token.
 Continuous batching (the `paged` strategy) serves every mode through one manager: one request in flight
 (sequential), B at a time and wait (batched), or up to B in flight, refilled as each finishes (continuous).
+
+Compile seconds are the server's seconds (`compile_seconds`): each `generate` call's time from being sent to its
+end (`service_ms`, waiting for arrivals left out), summed over the cold replay, less that sum over the measured
+replay. Not the replays' spans: under open-loop arrivals both follow the arrival schedule, and a compile stall that
+fits in an idle gap vanishes from them. Not closed-loop replays for the compile alone: a warm one would be a third
+replay, for what the calls' times already give. Not Dynamo's own accounting (`torch._dynamo.utils.compile_times`):
+it leaves out what the first calls pay outside the compiler (kernels Inductor builds on first use, CUDA graph
+recording). The replay knows when it sent each call and when the call ended: a server second is one it was busy.
 """
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,6 +47,10 @@ class RequestTimes:
     e2e_ms: float
     queue_ms: float  # arrival to being sent: 0 in a closed loop
     tokens: tuple[int, ...] = ()  # what it generated (greedy): the report compares them with dynamic's
+    # `generate` serving (None under continuous batching, where requests share steps): the call that served it
+    # (a batch's rows share it) and that call's time from being sent to its end, arrival waits excluded
+    call: int | None = None
+    service_ms: float | None = None
 
 
 @dataclass
@@ -47,6 +60,19 @@ class Replay:
     requests: list[RequestTimes]
     span_s: float  # the first arrival to the last request's end
     calls: list[MeasuredCall]
+    call_s: list[float] = field(default_factory=list)  # each `generate` call's server seconds (`service_ms`)
+
+
+class TokenStampError(RuntimeError):
+    """A request's token stamps or tokens do not number its output: its times would not be its tokens'."""
+
+
+def compile_seconds(cold: Replay, warm: Replay) -> float:
+    """The cold replay's server seconds beyond the warm one's, over the same calls: what compiling cost the
+    server, whatever gaps between arrivals it fell into (never below 0: noise can make a cold replay quicker)."""
+    if len(cold.call_s) != len(warm.call_s):
+        raise ValueError(f"a cold replay of {len(cold.call_s)} calls against a warm one of {len(warm.call_s)}")
+    return max(0.0, sum(cold.call_s) - sum(warm.call_s))
 
 
 def prompt_ids(requests: Sequence[Request], vocab: int, seed: int) -> list[list[int]]:
@@ -80,17 +106,13 @@ def replay_generate(
     arrivals = _arrivals(requests, start)
     timed: list[RequestTimes] = []
     calls: list[MeasuredCall] = []
+    call_s: list[float] = []
     for first in range(0, len(requests), rows):
         group = list(range(first, min(first + rows, len(requests))))
         due = [a for a in (arrivals[i] for i in group) if a is not None]
         if due:
             _wait_until(max(due))  # a batch goes when its last request has arrived
-        longest = max(requests[i].input_tokens for i in group)
-        ids = torch.full((len(group), longest), PAD_ID, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(group):  # left padding, as generate pads a batch
-            ids[row, longest - len(prompts[i]) :] = torch.tensor(prompts[i])
-            mask[row, longest - len(prompts[i]) :] = 1
+        ids, mask = _left_padded([prompts[i] for i in group])
         new = max(requests[i].output_tokens for i in group)
         sent = time.perf_counter()
         call = session.call_request(strategy, ids.to(device), mask.to(device), new)
@@ -99,24 +121,44 @@ def replay_generate(
         # offsets from the call's clock; what came before it (the call's config, the memory meter) is the request's
         setup = (session.clock.start_ns * 1e-9 - sent) * 1e3
         stamps = [setup + t for t in _token_offsets_ms(call)]
+        service_ms = setup + call.times.e2e_ms  # sent to the call's end: the server's time, one per call
+        call_s.append(service_ms / 1e3)
         for row, i in enumerate(group):
-            arrived = arrivals[i] if arrivals[i] is not None else sent
-            queue_ms = (sent - arrived) * 1e3
-            own = stamps[: requests[i].output_tokens]
-            tpot = (own[-1] - own[0]) / (len(own) - 1) if len(own) > 1 else None
-            timed.append(
-                RequestTimes(
-                    requests[i].input_tokens,
-                    requests[i].output_tokens,
-                    requests[i].arrival_s,
-                    queue_ms + own[0],
-                    tpot,
-                    queue_ms + own[-1],
-                    queue_ms,
-                    tuple(call.new_tokens[row, : requests[i].output_tokens].tolist()),
-                )
-            )
-    return Replay(timed, time.perf_counter() - start, calls)
+            queue_ms = (sent - arrivals[i]) * 1e3 if arrivals[i] is not None else 0.0
+            tokens = tuple(call.new_tokens[row, : requests[i].output_tokens].tolist())
+            timed.append(_row_times(requests[i], queue_ms, stamps, tokens, len(calls) - 1, service_ms))
+    return Replay(timed, time.perf_counter() - start, calls, call_s)
+
+
+def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's ids and mask, every prompt left-padded to the longest, as generate pads a batch."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = 1
+    return ids, mask
+
+
+def _row_times(
+    request: Request, queue_ms: float, stamps: list[float], tokens: tuple[int, ...], call: int, service_ms: float
+) -> RequestTimes:
+    """One row of a call: its times end at its own last token (`stamps`: the call's, from the call being sent)."""
+    own = stamps[: request.output_tokens]
+    tpot = (own[-1] - own[0]) / (len(own) - 1) if len(own) > 1 else None
+    return RequestTimes(
+        request.input_tokens,
+        request.output_tokens,
+        request.arrival_s,
+        queue_ms + own[0],
+        tpot,
+        queue_ms + own[-1],
+        queue_ms,
+        tokens,
+        call,
+        service_ms,
+    )
 
 
 def _token_offsets_ms(call: MeasuredCall) -> list[float]:
@@ -185,7 +227,7 @@ def replay_paged(
             continue
         index = int(str(out.request_id).rsplit("-", 1)[1])  # type: ignore[attr-defined]
         in_flight.discard(index)
-        stamps = out.timestamps  # type: ignore[attr-defined]
+        stamps = _numbered_stamps(out, requests[index].output_tokens)
         arrived = arrivals[index] if arrivals[index] is not None else sent_at[index]
         queue_ms = (sent_at[index] - arrived) * 1e3
         tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3 if len(stamps) > 1 else None
@@ -201,3 +243,15 @@ def replay_paged(
             tuple(out.generated_tokens),  # type: ignore[attr-defined]
         )
     return [done[i] for i in range(len(requests))], time.perf_counter() - start
+
+
+def _numbered_stamps(out: Any, asked: int) -> list[float]:
+    """A finished request's token stamps, one per output token it asked for (and as many tokens): else the cell
+    fails, since its TTFT and TPOT would be some other count's."""
+    stamps, tokens = list(out.timestamps or ()), list(out.generated_tokens or ())
+    if len(stamps) != asked or len(tokens) != asked:
+        raise TokenStampError(
+            f"continuous batching returned request {out.request_id} with {len(stamps)} token stamps and "
+            f"{len(tokens)} tokens for the {asked} output tokens it asked for: its times would not be its tokens'"
+        )
+    return stamps

@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 
 def report_main(argv: list[str]) -> int:
-    from kvsweep.config.schema import DEFAULT_EXPERIMENT, RANK_BY
+    from kvsweep.config.schema import DEFAULT_EXPERIMENT, OBJECTIVES, RANK_BY, RANK_BY_PERCENTILES
 
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep report",
@@ -40,14 +40,17 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument(
         "--max-kl", type=float, help="where no informative task judges: refuse caches whose mean KL exceeds this (nats)"
     )
-    parser.add_argument("--rank-by", choices=RANK_BY, help="what 'fastest' means")
+    parser.add_argument(
+        "--rank-by", choices=(*RANK_BY, *RANK_BY_PERCENTILES), help="what 'fastest' means (a workload: a percentile)"
+    )
+    parser.add_argument("--objective", choices=OBJECTIVES, help="what the pick optimises within the constraints")
     parser.add_argument(
         "--gpu-hour-cost", type=float, help="price of one GPU-hour: capacity's cost per 1M output tokens (0 = none)"
     )
     args = parser.parse_args(argv)
     overrides = {"max_slowdown": args.max_slowdown, "min_token_agreement": args.min_token_agreement}
     overrides |= {"max_accuracy_drop": args.max_accuracy_drop, "max_kl": args.max_kl, "rank_by": args.rank_by}
-    overrides |= {"gpu_hour_cost": args.gpu_hour_cost}
+    overrides |= {"gpu_hour_cost": args.gpu_hour_cost, "objective": args.objective}
     return rebuild_report(args.tracking_uri, args.experiment, args.run_id, args.out, overrides)
 
 
@@ -80,6 +83,7 @@ def rebuild_report(
     experiment_id = parent.info.experiment_id
     results = cell_results(client, experiment_id, run_id)
     logged = {k.removeprefix("report."): v for k, v in parent.data.params.items() if k.startswith("report.")}
+    logged |= {f"slo_{k.removeprefix('slo.')}": v for k, v in parent.data.params.items() if k.startswith("slo.")}
     settings = settings_from({**logged, **{k: v for k, v in overrides.items() if v is not None}})
     cost = overrides.get("gpu_hour_cost")
     links = {r.cell_id: run_url(uri, experiment_id, r.environment["mlflow_run_id"]) for r in results}

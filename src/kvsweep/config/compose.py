@@ -181,6 +181,10 @@ def describe_error(exc: BaseException, sweeps: list[str]) -> str:
             return f"unknown config key '{key}'; allowed keys{where}: {allowed}"
         if key.startswith("grid.") and "ListConfig" in message:
             return f"{key}: every grid key is a list (an axis), e.g. {key}=[...]"
+        if key.startswith("workload.") and "ListConfig" in message:  # workload.serving, workload.rate
+            given = getattr(cause, "value", None)
+            example = "..." if given is None or isinstance(given, dict | list) else given
+            return f"{key} is a list (an axis: one cell per value), e.g. '{key}=[{example}]'"
         return f"{key}: {message}" if key else message
     return first_line(exc, limit=600 if isinstance(exc, ConfigError) else 300)  # kvsweep's own lines are whole
 

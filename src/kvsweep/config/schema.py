@@ -14,7 +14,11 @@ from kvsweep.config.measure_config import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHAR
 from kvsweep.names import Metric
 from kvsweep.units import DTYPE_BYTES
 
-RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)  # what `report.rank_by` (and `--rank-by`) accept
+# What `report.rank_by` (and `--rank-by`) accept: a timing (a fixed shape's median, a workload's p90), or a timing's
+# percentile over a workload's requests (a fixed shape ranks by the timing's median whatever the suffix)
+RANK_BY = (Metric.TPOT_MS, Metric.TTFT_MS, Metric.E2E_MS)
+RANK_BY_PERCENTILES = tuple(f"{timing}_p{q}" for timing in RANK_BY for q in (50, 90, 99))
+OBJECTIVES = ("latency", "memory", "throughput", "goodput")  # what `report.objective` accepts
 DEVICES = ("auto", "cuda", "cpu")  # what `device` accepts
 DEFAULT_EXPERIMENT = "kvsweep"  # `mlflow.experiment`, and the `report` and `compare` commands' `--experiment`
 
@@ -121,9 +125,23 @@ class PlannerConfig:
 
 @dataclass
 class ReportConfig:
-    rank_by: str = setting(Metric.TPOT_MS, f"what 'fastest' means in the selection table: {one_of(RANK_BY)}")
+    rank_by: str = setting(
+        Metric.TPOT_MS,
+        f"what 'fastest' means in the selection table: {one_of(RANK_BY)} (a workload: its p90 over requests), or a "
+        "workload percentile such as tpot_ms_p99 (the highest one its requests can give an interval is ranked)",
+    )
+    objective: str = setting(
+        "latency",
+        f"what the pick optimises within the constraints (quality, max_slowdown, SLOs): {one_of(OBJECTIVES)}",
+    )
     max_slowdown: float = setting(
-        0.10, "the leanest pick may be this much slower than the fastest (0.10 = 10%)", AT_LEAST_0
+        0.10,
+        "no pick is slower than dynamic by more than this on any latency (TTFT, TPOT, e2e) not waived; the leanest "
+        "pick may be this much slower than the fastest (0.10 = 10%)",
+        AT_LEAST_0,
+    )
+    waive_slowdown: list[str] = setting(
+        list, f"latencies max_slowdown does not hold a pick to (e.g. [ttft_ms]): {one_of(RANK_BY)}"
     )
     min_token_agreement: float = setting(
         0.9, "flag caches whose tokens agree with dynamic less than this (0-1; reported, never decides alone)", SHARE
@@ -200,8 +218,11 @@ class WorkloadConfig:
         "sequential (one at a time), batched (static batches of B, padded), continuous (B in flight: paged only); "
         "B from grid.batch_sizes",
     )
-    rate: float = setting(
-        0.0, "Poisson arrivals per second (open loop); 0 = closed loop or the trace's times", AT_LEAST_0
+    rate: list[float] = setting(
+        list,
+        "Poisson arrival rates in requests per second, an axis (one cell per rate, e.g. [0.5,1,2]): open loop, "
+        "every cache at one rate given the same arrival times; empty or 0 = closed loop or the trace's own times",
+        AT_LEAST_0,
     )
     warmup_requests: int = setting(
         2, "the mix's first requests replayed once, uncounted, before the measured replay", AT_LEAST_0

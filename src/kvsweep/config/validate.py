@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.caches import get_strategy
-from kvsweep.config.schema import DEVICES, RANK_BY, Bound, KvSweepConfig
+from kvsweep.config.schema import DEVICES, OBJECTIVES, RANK_BY, RANK_BY_PERCENTILES, Bound, KvSweepConfig
 from kvsweep.errors import ConfigError
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
@@ -46,13 +46,23 @@ def validate(cfg: dict[str, Any], given: list[str] | None = None) -> None:
     if cfg["device"] not in DEVICES:
         raise ConfigError(f"device: unknown device {cfg['device']!r}; allowed: {', '.join(DEVICES)}")
     _validate_measure(cfg["measure"])
-    if cfg["report"]["rank_by"] not in RANK_BY:
-        rank_by = cfg["report"]["rank_by"]
-        raise ConfigError(f"report.rank_by: unknown metric {rank_by!r}; allowed: {', '.join(RANK_BY)}")
+    _validate_report(cfg["report"])
     _validate_workload(cfg, given or [])
     _validate_search(cfg["search"], cfg["slo"], bool(cfg["workload"]["source"]))
     if not cfg["mlflow"]["experiment"].strip():
         raise ConfigError("mlflow.experiment is empty; give an experiment name")
+
+
+def _validate_report(report: dict[str, Any]) -> None:
+    """The selection's names: what it ranks by, what it optimises, the latencies it waives."""
+    if report["rank_by"] not in (*RANK_BY, *RANK_BY_PERCENTILES):
+        allowed = ", ".join(RANK_BY) + " or a workload percentile such as tpot_ms_p99"
+        raise ConfigError(f"report.rank_by: unknown metric {report['rank_by']!r}; allowed: {allowed}")
+    if report["objective"] not in OBJECTIVES:
+        raise ConfigError(f"report.objective: unknown {report['objective']!r}; allowed: {', '.join(OBJECTIVES)}")
+    for i, name in enumerate(report["waive_slowdown"]):
+        if name not in RANK_BY:
+            raise ConfigError(f"report.waive_slowdown[{i}]: unknown latency {name!r}; allowed: {', '.join(RANK_BY)}")
 
 
 def check_bounds(values: dict[str, Any], node: type = KvSweepConfig, prefix: str = "") -> None:

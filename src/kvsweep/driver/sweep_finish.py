@@ -13,7 +13,7 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kvsweep.names import CAPACITY_CSV, REPORT_DIR, TASK_JSONL
+from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, TASK_JSONL
 from kvsweep.redact import redact_uri
 from kvsweep.report.report_files import write_tables
 from kvsweep.results import RESULT_STATUSES
@@ -38,6 +38,8 @@ def finish(sweep: "Sweep") -> int:
     selection = report.short_form if report else ""
     if report and report.capacity:  # the frontiers beside results.csv: logged on the parent with it
         shutil.copyfile(report.folder / CAPACITY_CSV, run_dir / CAPACITY_CSV)
+    if report and (report.folder / PARETO_CSV).exists():  # each group's front, beside results.csv
+        shutil.copyfile(report.folder / PARETO_CSV, run_dir / PARETO_CSV)
     unsent = sink.close("FINISHED", counts, report.run_tags if report else None, report.run_metrics if report else None)
     say(f"\n{table}\n")
     if selection:
@@ -96,12 +98,17 @@ def _write_report(sweep: "Sweep") -> "Report | None":
         report = write_report(
             results,
             run_dir / REPORT_DIR,
-            ReportContext(title, settings_from(asdict(cfg.report)), links, parent_url, capacity),
+            ReportContext(title, settings_from(selection_values(cfg)), links, parent_url, capacity),
         )
     except Exception as exc:
         say(f"kvsweep: could not write the report ({type(exc).__name__}: {exc}); results are in {run_dir}")
         return None
     return report
+
+
+def selection_values(cfg: Any) -> dict[str, Any]:
+    """What the selection decides by: the `report` section and the SLOs a pick must meet."""
+    return {**asdict(cfg.report), "slo_ttft_ms": cfg.slo.ttft_ms, "slo_tpot_ms": cfg.slo.tpot_ms}
 
 
 class Interrupted(KeyboardInterrupt):

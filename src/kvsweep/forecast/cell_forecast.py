@@ -168,7 +168,7 @@ def _workload(
     if workload is None:
         raise ValueError(f"workload cell {cell.label} but the protocol carries no workload")
     strategy = served_strategy(strategy, cell)  # a static layout reserves the mix's worst moment for every request
-    mix = fitted(workload.mix_for(cell.model), model.shape.max_positions)
+    mix = fitted(workload.mix_for(cell.model, cell.rate), model.shape.max_positions)  # its rate's arrivals
     replay = replay_seconds(mix, cell, strategy, model, rates)
     terms = [*start]
     if cell.compile:

@@ -152,3 +152,15 @@ def ratio_error(mine: Mapping[str, float], theirs: Mapping[str, float], name: st
     if a is None or b is None or not theirs.get(name):
         return None
     return mine[name] / theirs[name] * math.hypot(a, b)
+
+
+def fewest_for_interval(q: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest independent values whose range brackets the q-th percentile (0 < q < 100) with `confidence`:
+    the smallest n with 1 - p^n - (1-p)^n >= confidence (6 for a median, 29 for a p90, 299 for a p99)."""
+    p = q / 100.0
+    if not 0 < p < 1:
+        raise ValueError(f"a percentile with an interval is strictly between 0 and 100, got {q}")
+    n = 2
+    while 1 - p**n - (1 - p) ** n < confidence:
+        n += 1
+    return n

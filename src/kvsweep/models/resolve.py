@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kvsweep.errors import first_line
 from kvsweep.models.gguf_source import gguf_config, hub_gguf, is_gguf
 from kvsweep.models.presets import PRESETS
-from kvsweep.models.shape import KvShape, layer_layout
+from kvsweep.models.shape import KvShape, cache_layer_types, layer_layout
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -66,7 +66,7 @@ def pretrained_args(ref: ModelRef) -> tuple[str, dict[str, str]]:
 def kv_shape(config: "PretrainedConfig") -> KvShape:
     """The same description `models.shape.shape_from_dict` reads from a plain config, here from Transformers' own
     per-layer types (`get_layer_types_and_kwargs`, what its caches are built from): a kind kvsweep does not know
-    is counted as full attention."""
+    is counted as full attention, and kept by name (`layer_types`) for the caches that refuse it."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     text = config.get_text_config(decoder=True)
@@ -87,6 +87,7 @@ def kv_shape(config: "PretrainedConfig") -> KvShape:
         vocab_size=text.vocab_size,
         layer_windows=layout[0],
         state_elements=layout[1],
+        layer_types=cache_layer_types(layer_types),
     )
 
 

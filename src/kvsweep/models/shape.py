@@ -4,7 +4,9 @@ Reading them from the preset table or a folder's `config.json` keeps torch and T
 the path to the first cell; only a config this module cannot read (other attribute names, custom code, a Hub id,
 layer kinds its config class derives) goes through `AutoConfig`. `KvShape.layer_windows` and `state_elements`
 describe Transformers' per-layer types (`caches/layer_tokens.py`); both stay empty for a model whose every layer is
-full attention, so such a model is counted exactly as before.
+full attention, so such a model is counted exactly as before. `KvShape.layer_types` keeps the types themselves, as
+Transformers builds its caches from them: the caches that refuse some types (`QuantizedCache`, continuous batching)
+are judged on those names, not on what kvsweep counts for them.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,9 @@ class KvShape:
     layer_windows: tuple[int | None, ...] = ()
     # Per layer, elements of its fixed conv/recurrent state per batch row, in the model's dtype; () if none.
     state_elements: tuple[int, ...] = ()
+    # Per layer, its type as Transformers' `get_layer_types_and_kwargs` gives it (`cache_layer_types`), even one
+    # kvsweep does not know; () when every layer is `full_attention`.
+    layer_types: tuple[str, ...] = ()
 
 
 REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
@@ -38,6 +43,7 @@ WINDOW_TYPES = {"sliding_attention": "sliding_window", "hybrid_sliding": "slidin
 CHUNK_TYPES = {"chunked_attention": "attention_chunk_size"}
 STATE_TYPES = frozenset({"conv", "linear_attention", "hybrid", "hybrid_sliding"})
 EMPTY_TYPES = frozenset({"dummy", "moe", "mlp"})
+NO_ATTENTION_TYPES = frozenset({"moe", "mlp"})  # named "dummy" by `get_layer_types_and_kwargs`, as the cache has them
 # Keys from which a config class derives its own layer types when `layer_types` is not written down:
 # the plain reader cannot know the rule of every class, so it leaves such a config to Transformers.
 DERIVING_KEYS = (
@@ -49,6 +55,10 @@ DERIVING_KEYS = (
     "attn_layer_indices",
     "hybrid_override_pattern",
 )
+# Model types whose config class derives layer types other than full attention from keys not listed above, or from
+# none at all (Falcon-H1's are all "hybrid", Bamba's all Mamba): found by comparing this reader with
+# `get_layer_types_and_kwargs` over every config class of Transformers 5.25 (tests/test_layer_type_refusals.py).
+DERIVING_MODEL_TYPES = frozenset({"bamba", "falcon_h1", "jamba", "recurrent_gemma"})
 
 
 def _lfm2_state(text: Mapping[str, Any]) -> int:
@@ -75,11 +85,12 @@ def shape_from_dict(config: Mapping[str, Any]) -> KvShape | None:
     if text.get("kv_sharing_modes") is not None:
         return None  # layers that reuse another's cache: Transformers decides which
     layer_types = text.get("layer_types")
+    model_type = text.get("model_type") or config.get("model_type")
     if layer_types is None:
-        if any(text.get(key) not in (None, False) for key in DERIVING_KEYS):
+        if any(text.get(key) not in (None, False) for key in DERIVING_KEYS) or model_type in DERIVING_MODEL_TYPES:
             return None  # the config class derives its layer types: only Transformers knows how
         layer_types = ["full_attention"] * text["num_hidden_layers"]
-    layout = layer_layout(layer_types, text, text.get("model_type") or config.get("model_type"))
+    layout = layer_layout(layer_types, text, model_type)
     if layout is None:
         return None
     heads, hidden = text["num_attention_heads"], text["hidden_size"]
@@ -93,7 +104,15 @@ def shape_from_dict(config: Mapping[str, Any]) -> KvShape | None:
         vocab_size=text["vocab_size"],
         layer_windows=layout[0],
         state_elements=layout[1],
+        layer_types=cache_layer_types(layer_types),
     )
+
+
+def cache_layer_types(layer_types: Sequence[str]) -> tuple[str, ...]:
+    """The types Transformers builds a cache from (`get_layer_types_and_kwargs` names a "moe" or "mlp" layer
+    "dummy"), in order; () when every layer is `full_attention`, as `KvShape.layer_windows` is then."""
+    types = tuple("dummy" if layer_type in NO_ATTENTION_TYPES else layer_type for layer_type in layer_types)
+    return () if all(layer_type == "full_attention" for layer_type in types) else types
 
 
 def layer_layout(

@@ -18,7 +18,7 @@ from kvsweep.plan.sharding import GpuLoad, layers_text
 from kvsweep.plan.workload_cells import serving_problem, workload_cells
 from kvsweep.plan.workload_prompts import with_prompt_lengths
 from kvsweep.units import GB, MIB
-from kvsweep.workload.workload_spec import WorkloadSpec, workload_from_config
+from kvsweep.workload.workload_spec import WorkloadSpec, rate_axis, workload_from_config
 
 
 def model_facts(
@@ -112,7 +112,8 @@ def plan_sweep(
         cells = expand_grid(asdict(cfg.grid), inputs_by_model)
     else:
         positions = {m: f.shape.max_positions if f.shape else None for m, f in facts.items()}
-        cells = workload_cells(asdict(cfg.grid), list(cfg.workload.serving), workload, positions)
+        rates = rate_axis(cfg.workload.rate)
+        cells = workload_cells(asdict(cfg.grid), list(cfg.workload.serving), workload, positions, rates)
     limits = limits or plan_limits(cfg, device)
     planned = []
     for cell in cells:

@@ -1,5 +1,5 @@
-"""A workload sweep's cells: one per model, weights, dtype, cache, compile, serving mode and B, each replaying
-the sweep's request mix.
+"""A workload sweep's cells: one per model, weights, dtype, cache, compile, serving mode, B and offered rate
+(`workload.rate`), each replaying the sweep's request mix (at its rate, with that rate's arrival times).
 
 A cell's context is the mix's longest prompt and its new tokens what the worst moment adds to it, so the planner
 fits that moment as it fits a fixed-shape cell: the longest request for sequential and continuous serving (the
@@ -10,6 +10,7 @@ it is planned as skipped, saying so.
 """
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,8 +50,15 @@ def _request_name(workload: WorkloadSpec, mix: RequestMix, index: int) -> str:
     return f"workload.path request {index + 1}: input_tokens + output_tokens = {request.total_tokens}"
 
 
-def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadSpec, positions: dict) -> list[Cell]:
-    """Every workload cell, in the config's order; `positions`: each model's (None when unknown)."""
+def workload_cells(
+    grid: dict[str, Any],
+    serving: list[str],
+    workload: WorkloadSpec,
+    positions: dict,
+    rates: Sequence[float] = (0.0,),
+) -> list[Cell]:
+    """Every workload cell, in the config's order; `positions`: each model's (None when unknown); `rates`: the
+    offered rates (`workload_spec.rate_axis`: 0 is a closed loop). A cell's lengths do not depend on its rate."""
     cells: dict[Cell, None] = {}
     axes = [
         grid["models"],
@@ -58,10 +66,11 @@ def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadS
         grid["dtypes"],
         serving,
         grid["batch_sizes"],
+        rates,
         grid["caches"],
         grid["compile"],
     ]
-    for model, weights, dtype, mode, batch, cache, compiled in itertools.product(*axes):
+    for model, weights, dtype, mode, batch, rate, cache, compiled in itertools.product(*axes):
         if compiled and not get_strategy(cache).compilable:
             continue
         mix = model_mix(workload, model, positions.get(model))
@@ -69,7 +78,7 @@ def workload_cells(grid: dict[str, Any], serving: list[str], workload: WorkloadS
         context = mix.longest_input
         new = worst_total(mix, rows if mode == BATCHED else 1) - context  # the cell caches the worst moment's tokens
         fed = RANDOM if workload.prompts is None else FILE_PREFIX + workload.prompts.file_name
-        cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), fed, weights, workload.name, mode)
+        cell = Cell(model, dtype, context, rows, new, cache, bool(compiled), fed, weights, workload.name, mode, rate)
         cells.setdefault(cell, None)
     return list(cells)
 

@@ -12,21 +12,16 @@ from kvsweep.caches import BASELINE
 from kvsweep.grid import strategy_label
 from kvsweep.results import OK, CellResult
 
-# model, dtype, batch size, context length, new tokens, weights, workload, serving ("" "" for a fixed shape)
-GroupKey = tuple[str, str, int, int, int, str, str, str]
+# model, dtype, batch size, context length, new tokens, weights, workload, serving ("" "" for a fixed shape), and the
+# offered rate (requests/s; 0: a closed loop or a trace's own times): cells at two load levels are never compared
+GroupKey = tuple[str, str, int, int, int, str, str, str, float]
 SEQUENTIAL = "sequential"
 
 
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
     shape = (int(c.batch_size), int(c.context_length), int(c.max_new_tokens))
-    return (str(c.model), str(c.dtype), *shape, c.weights, c.workload, c.serving)
-
-
-def ranked_metric(result: CellResult, rank_by: str) -> str:
-    """What `rank_by` ranks a cell by: its median over repeats, or a workload cell's 90th percentile over
-    requests (a server is judged by its slow requests, and a mix's medians hide them)."""
-    return f"{rank_by}_p90" if result.cell.is_workload else rank_by
+    return (str(c.model), str(c.dtype), *shape, c.weights, c.workload, c.serving, float(c.rate))
 
 
 def mix_of(key: GroupKey) -> tuple | None:

@@ -5,13 +5,14 @@ from collections.abc import Sequence
 from kvsweep.caches import BASELINE
 from kvsweep.names import TASK_JSONL, Metric, ci_high, ci_low
 from kvsweep.report.capacity_report import CapacitySection
+from kvsweep.report.pareto_table import front_text
 from kvsweep.report.quality_gate import (
     MAX_REFERENCE_WIDTH,
     MIN_REFERENCE_ACCURACY,
     depth_accuracies,
     task_accuracy,
 )
-from kvsweep.report.selection import MEMORY_LABELS, TIE_RULE, Decision, Entry, cost_text
+from kvsweep.report.selection import MEMORY_LABELS, OBJECTIVE_WORDS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.report.table import Listing
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
@@ -26,9 +27,10 @@ def short_form(decisions: list[Decision], left_out: str = "", capacity: Sequence
     if decisions:
         settings = decisions[0].settings
         lines.append(
-            f"Selection (fastest by {settings.rank_by}, ties within 95% intervals broken by memory; "
-            f"leanest = least {MEMORY_LABELS[decisions[0].memory_basis]} "
-            f"within {settings.max_slowdown:.0%} of the fastest):"
+            f"Selection ({OBJECTIVE_WORDS[settings.objective]} by {_ranked_words(settings.objective, settings.rank_by)}"
+            f", never slower than dynamic by more than {settings.max_slowdown:.0%} on another latency; ties within "
+            f"95% intervals (paired where caches served the same requests) broken by memory; leanest = least "
+            f"{MEMORY_LABELS[decisions[0].memory_basis]} within {settings.max_slowdown:.0%} of the fastest):"
         )
         lines += [f"  {d.summary()}" for d in decisions]
     if left_out:
@@ -36,6 +38,13 @@ def short_form(decisions: list[Decision], left_out: str = "", capacity: Sequence
     if capacity:
         lines += [capacity[0], *(f"  {line}" for line in capacity[1:])]
     return "\n".join(lines)
+
+
+def _ranked_words(objective: str, rank_by: str) -> str:
+    """What the objective ranks by, in the header's words."""
+    return {"memory": "memory", "throughput": "tokens/s", "goodput": "requests/s within the SLOs"}.get(
+        objective, rank_by
+    )
 
 
 def _num(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
@@ -80,9 +89,9 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     header = ["model", "dtype", "batch", "context", "new tokens", f"pick{ranked}", f"leanest within {within}", "notes"]
     rows = []
     for d in decisions:
-        model, dtype, batch, context, new, _, workload, serving = d.key
-        if workload:  # a workload group: its mix and serving mode stand for the shape
-            context, new = f"{workload} ({serving})", "mix"
+        model, dtype, batch, context, new, _, workload, serving, rate = d.key
+        if workload:  # a workload group: its mix, serving mode and offered rate stand for the shape
+            context, new = f"{workload} ({serving}{f' at {rate:g} req/s' if rate else ''})", "mix"
         failed = [f"{e.label}: {e.status}" for e in d.entries if e.status != "ok"]
         refused = [f"{e.label}: refused, {reason}" for e in d.refused() for reason in e.gate.refusals]
         flagged = [f"{e.label}: {flag}" for e in d.entries if e.status == "ok" for flag in e.gate.drift]
@@ -91,18 +100,24 @@ def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
         leanest = _link(d.leanest, links, f" ({cost_text(d.leanest)})" if d.leanest and d.leanest.deltas else "")
         row = [d.model_name or model, dtype, str(batch), str(context), str(new), pick, leanest]
         task = [d.uninformative] if d.uninformative else []  # the task judged nothing in this group
-        rows.append([*row, "; ".join(contended + task + refused + failed + flagged)])
+        held = [f"not picked: {line}" for line in d.held_back()]
+        ranked = [d.ranking.note] if d.ranking.note else []
+        pareto = [text] if (text := front_text(d)) else []
+        rows.append([*row, "; ".join(ranked + held + contended + task + refused + failed + flagged + pareto)])
     return header, rows
 
 
 def _pick_notes(decision: Decision) -> list[str]:
     """Why it is the pick (the fastest, or the tie-break among the tied) and its cost against dynamic."""
     assert decision.pick is not None
-    why = ["fastest"]
+    why = [_pick_name(decision)]
     if decision.tied:
-        why = [f"tied within noise: {', '.join(e.label for e in decision.tied)}; {TIE_RULE}"]
+        tied = ", ".join(e.label for e in decision.tied)
+        why = [f"tied within noise: {tied} ({decision.tie_test}); {TIE_RULE}"]
     task = decision.pick.gate.task
     quality = [f"{task.mine.task} {task.mine.text()} vs dynamic {task.dynamic.text()}: {task.verdict}"] if task else []
+    if task is not None:
+        quality[0] += f" ({task.paired.text() if task.paired else task.test})"
     return why + ([cost_text(decision.pick)] if decision.pick.deltas else []) + quality
 
 
@@ -132,7 +147,9 @@ def verdict_text(entry: Entry) -> str:
 
 
 def _pick_name(decision: Decision) -> str:
-    return "pick of the tied" if decision.tied else "fastest"
+    if decision.alone:
+        return "the only one that ran"
+    return "pick of the tied" if decision.tied else OBJECTIVE_WORDS[decision.settings.objective]
 
 
 def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[TableCell]]]:
@@ -194,18 +211,24 @@ def intro(decisions: list[Decision]) -> str:
     s = decisions[0].settings
     basis = MEMORY_LABELS[decisions[0].memory_basis]
     return (
-        f"Pick: the fastest, the lowest {s.rank_by} among strategies that ran and fit, when its 95% interval "
-        "(shown in brackets) does not overlap the runner-up's; otherwise the strategies are tied within noise "
-        "and the pick is the one with the least memory, then the simpler strategy (dynamic first). "
+        f"Pick ({s.objective}): among strategies that ran, fit and kept their quality, and that are not slower "
+        f"than dynamic by more than {s.max_slowdown:.0%} on any latency (TTFT, TPOT, E2E at the ranked statistic; "
+        "'not picked' names the slowdown) nor past an SLO set, the best by the objective: latency, the lowest "
+        f"{s.rank_by} (a fixed shape's median; over a request mix, the percentile asked or the highest its "
+        "requests can give a 95% interval); memory, the least; throughput, the most tokens/s; goodput, the most "
+        "requests/s within the SLOs. When the best cannot be told apart from others (a fixed shape's 95% intervals, "
+        "shown in brackets, overlap; over a request mix, the paired sign test on the same requests' ratios), they are "
+        "tied within noise and the pick is the one with the least memory, then the simpler strategy (dynamic first). "
         f"Leanest: the least {basis} among "
         f"strategies within {s.max_slowdown:.0%} of the fastest median. Costs are relative to `dynamic` on the same "
         "model, dtype, batch, context and new tokens; a timing's ± is its 95% uncertainty (both intervals in "
         "quadrature). CONTENDED marks cells measured while other processes took their CPUs or GPU "
         "(`kvsweep.contended`). Quality: where dynamic does the task (its accuracy at least "
         f"{MIN_REFERENCE_ACCURACY:.1f}, its interval no wider than {MAX_REFERENCE_WIDTH:.1f}), a strategy whose task "
-        f"accuracy is more than {s.max_accuracy_drop:.2f} below dynamic's is refused (never picked) when the exact "
-        "95% intervals are apart (loss) and also while they overlap (undecided: more measure.quality_trials "
-        "decide); there the task decides alone. Where no task can judge (random ids, or a task dynamic itself "
+        f"accuracy is more than {s.max_accuracy_drop:.2f} below dynamic's is refused (never picked) when the drop "
+        "is significant (loss: McNemar's exact test on the trials both answered) and also while it is not "
+        "(undecided: more measure.quality_trials decide); there the task decides alone. Where no task can judge "
+        "(random ids, or a task dynamic itself "
         f"fails: uninformative), a strategy whose mean KL from dynamic exceeds {s.max_kl:g} nats is refused. "
         "Each accuracy links to the cell's task.jsonl (every prompt's expected and given answer). Token "
         f"agreement below {s.min_token_agreement:.2f} is only flagged, as is everything on random-weight presets."

@@ -2,9 +2,12 @@
 
 The rules and their reasons are in docs/report.md ("Quality"). In short: dynamic's cell of the same group (model,
 dtype, batch, context) is the reference, and its task is *informative* when dynamic scores at least
-`MIN_REFERENCE_ACCURACY` with an interval no wider than `MAX_REFERENCE_WIDTH`. There the task decides alone
-(*ok*, *loss*, or *undecided* when the intervals overlap: refused too, as a few dozen prompts cannot tell that
-drop from luck); elsewhere the mean teacher-forced KL from dynamic decides against `max_kl`. Token agreement is
+`MIN_REFERENCE_ACCURACY` with an interval no wider than `MAX_REFERENCE_WIDTH`. There the task decides alone:
+*ok* within the allowed drop, *loss* beyond it when the drop is significant, *undecided* otherwise (refused too, as
+a few dozen prompts cannot tell that drop from luck). Both cells answered the very same trials, so significance is
+McNemar's exact test on the trials they disagree on (`measure/paired.py`); only where the trials are not at hand
+(a report rebuilt from MLflow) do the two accuracies' independent intervals decide, and the verdict says which.
+Elsewhere the mean teacher-forced KL from dynamic decides against `max_kl`. Token agreement is
 reported only: greedy tokens diverge after one near-tie. On a random-weight preset everything is a flag.
 
 Pure functions over results (no torch, no MLflow): the selection, the report and the
@@ -15,7 +18,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvsweep.measure.paired import PairedAccuracy
 from kvsweep.names import ACCURACIES, PASSKEY_DEPTH_PREFIX, Metric, ResultTag, ci_high, ci_low
+from kvsweep.report.paired_verdicts import paired_trials
 from kvsweep.results import CellResult
 
 OK_VERDICT, LOSS, UNDECIDED = "ok", "loss", "undecided"
@@ -58,10 +63,18 @@ class TaskVerdict:
     mine: Accuracy
     dynamic: Accuracy
     context: int
+    paired: PairedAccuracy | None = None  # McNemar on the same trials; None: the independent intervals decided
+
+    @property
+    def test(self) -> str:
+        """The test the verdict came from, as the report names it."""
+        return "McNemar exact, paired trials" if self.paired else "independent intervals"
 
     def text(self) -> str:
-        """'passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 32768'."""
-        return f"{self.mine.task} {self.mine.text()} vs dynamic {self.dynamic.text()} at ctx {self.context}"
+        """'passkey 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 32768 (paired -0.62 [-0.85, -0.38],
+        McNemar p=0.0005 (lost 10, gained 0 of 16))'."""
+        head = f"{self.mine.task} {self.mine.text()} vs dynamic {self.dynamic.text()} at ctx {self.context}"
+        return f"{head} (paired {self.paired.text()})" if self.paired else f"{head} ({self.test})"
 
     def reason(self) -> str:
         """Why the strategy is refused ('' when it is not)."""
@@ -153,7 +166,8 @@ def depth_accuracies(metrics: Mapping[str, float]) -> list[tuple[int, float]]:
 
 
 def task_verdict(result: CellResult, dynamic: CellResult | None, max_accuracy_drop: float) -> TaskVerdict | None:
-    """ok within the drop; loss when further below with the intervals apart; undecided when they overlap.
+    """ok within the drop; loss when further below and the drop is significant (McNemar on the paired trials, or
+    without them the two intervals apart); undecided otherwise.
 
     None without a dynamic cell, without an accuracy on either, or when they answered different tasks."""
     if dynamic is None or result is dynamic:
@@ -161,13 +175,16 @@ def task_verdict(result: CellResult, dynamic: CellResult | None, max_accuracy_dr
     mine, theirs = task_accuracy(result.metrics), task_accuracy(dynamic.metrics)
     if mine is None or theirs is None or mine.metric != theirs.metric:
         return None
-    if theirs.value - mine.value <= max_accuracy_drop + SHARE_TOLERANCE:
+    paired = paired_trials(result, dynamic)
+    drop = paired.drop if paired is not None else theirs.value - mine.value
+    significant = paired.high < 0 if paired is not None else mine.high < theirs.low
+    if drop <= max_accuracy_drop + SHARE_TOLERANCE:
         verdict = OK_VERDICT
-    elif mine.high < theirs.low:
+    elif significant:
         verdict = LOSS
     else:
         verdict = UNDECIDED
-    return TaskVerdict(verdict, mine, theirs, int(result.cell.context_length))
+    return TaskVerdict(verdict, mine, theirs, int(result.cell.context_length), paired)
 
 
 def kl_text(metrics: Mapping[str, float], max_kl: float) -> str:

@@ -1,7 +1,8 @@
 """Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt).
 
 One function for the end of a live sweep (`<run dir>/report`, then logged on the parent run under `report/`) and
-`python -m kvsweep report` (from MLflow alone); with a capacity search, its figures and `capacity.csv` too.
+`python -m kvsweep report` (from MLflow alone); with a capacity search, its figures and `capacity.csv` too; with
+workload cells offered rates (`workload.rate`), `saturation.csv` and the load-level figures.
 """
 
 from dataclasses import dataclass, field
@@ -9,14 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.capacity.frontier import Frontier
-from kvsweep.names import CAPACITY_CSV, REPORT_DIR
+from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR
 from kvsweep.report.capacity_assessment import Capacity, CapacityContext, assess
 from kvsweep.report.capacity_report import capacity_csv, capacity_section, draw_capacity
 from kvsweep.report.compile_payback import payback_findings
 from kvsweep.report.forecast_figure import draw_forecast
 from kvsweep.report.html_page import render_page
+from kvsweep.report.load_levels import with_load_levels
 from kvsweep.report.markdown import intro, selection_markdown, short_form
+from kvsweep.report.paired_verdicts import fill_paired_ratios
+from kvsweep.report.pareto_table import pareto_csv
 from kvsweep.report.plots import colours, draw_facets
+from kvsweep.report.saturation import load_lines
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
 from kvsweep.report.weights_tables import weights_kv_tables
@@ -54,12 +59,17 @@ class Report:
     workloads: WorkloadSection | None = None  # a sweep with workload cells: their figures and tables
     found_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # cell id -> numbers worked out here
     found_tags: dict[str, dict[str, str]] = field(default_factory=dict)  # cell id -> tags worked out here
+    load: list[str] = field(default_factory=list)  # per mix offered rates: what sustains the highest within SLOs
 
     @property
     def short_form(self) -> str:
         listing = self.listing or Listing(self.decisions)
         lines = [self.capacity.heading(), *self.capacity.lines()] if self.capacity else []
-        return short_form(listing.listed, listing.note(), lines)
+        text = short_form(listing.listed, listing.note(), lines)
+        if self.load:  # across serving modes and caches: the highest offered rate sustained within the SLOs
+            text += "\nLoad levels (highest offered rate sustained within the SLOs, across caches and serving):\n"
+            text += "\n".join(f"  {line}" for line in self.load)
+        return text
 
     @property
     def frontiers(self) -> list[Frontier]:
@@ -101,9 +111,10 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
     folder.mkdir(parents=True, exist_ok=True)
     found = fill_agreement(results)  # a workload cell's tokens against its dynamic cell's, when the samples are at hand
     payback_metrics, payback_tags = payback_findings(workload_groups(results).values())
-    for cid, metrics in payback_metrics.items():
+    for cid, metrics in [*payback_metrics.items(), *fill_paired_ratios(workload_groups(results).values()).items()]:
         found.setdefault(cid, {}).update(metrics)
     decisions = decide(results, context.settings)
+    (folder / PARETO_CSV).write_text(pareto_csv(decisions))
     listing = list_decisions(decisions, results)
     probes = context.capacity is not None  # a search's lone probes make figures of one line: left out
     shaped = [r for r in results if not r.cell.is_workload]  # a workload's figures are its CDFs (workload_report)
@@ -118,6 +129,8 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         plots = [*plots, forecast]
     weights_kv = weights_kv_tables(shaped)
     workloads = workload_section(results, folder / "plots", context.links)  # None without workload cells
+    settings = context.settings  # saturation.csv and the load-level tables, with workload.rate's cells
+    workloads = with_load_levels(workloads, results, folder, settings.slo_ttft_ms, settings.slo_tpot_ms)
     (folder / "selection.md").write_text(
         selection_markdown(context.title, decisions, context.links, listing, section, weights_kv, workloads)
     )
@@ -134,7 +147,9 @@ def write_report(results: list[CellResult], folder: Path, context: ReportContext
         workloads,
     )
     (folder / "report.html").write_text(page)
-    return Report(folder, decisions, plots, capacity, listing, workloads, found, payback_tags)
+    report = Report(folder, decisions, plots, capacity, listing, workloads, found, payback_tags)
+    report.load = load_lines(results)
+    return report
 
 
 def write_tables(results: list[CellResult], folder: Path) -> str:

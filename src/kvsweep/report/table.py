@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvsweep.caches import cache_rank
-from kvsweep.grid import CELL_FIELDS, cell_label, strategy_label
+from kvsweep.grid import CELL_FIELDS, cell_label, serving_label, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag, with_interval
 from kvsweep.report.selection import Decision
@@ -87,7 +87,7 @@ def _row(r: CellResult, model_name: str) -> list[str]:
         c.dtype,
         c.workload if c.is_workload else str(c.context_length),  # a workload cell: its mix, then its serving
         str(c.batch_size),
-        c.serving if c.is_workload else str(c.max_new_tokens),
+        serving_label(c) if c.is_workload else str(c.max_new_tokens),
         strategy_label(c),
         status,
         _fmt(m.get(Metric.TTFT_MS), digits=2),

@@ -23,7 +23,7 @@ from kvsweep.report.plots import colours
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
 
-GroupKey = tuple[str, str, str, str, str, int]  # model, dtype, weights, workload, serving, batch size
+GroupKey = tuple[str, str, str, str, str, int, float]  # model, dtype, weights, workload, serving, batch size, rate
 LinkedText = str | tuple[str, str, str]  # as markdown.TableCell: plain text, or (link text, url, text after it)
 REQUESTS = "requests"  # the samples key of a workload cell's per-request records, in replay order
 # A request record's timings carry their metric's name: the cell writes them under the same keys
@@ -43,6 +43,7 @@ HEADER = [
     "KV cache MiB",
     "static unused %",
     "padding %",
+    "overgenerated %",
     "compile payback",
 ]
 INTRO = (
@@ -51,19 +52,21 @@ INTRO = (
     "its top shows the tail. The tables give the percentiles over the measured requests with their exact 95% "
     "interval in brackets (distribution-free order statistics), requests per second over the replay, goodput "
     "(requests meeting every SLO set, per second; - without an SLO), the KV cache's size, the share of a static "
-    "cache's reserved token slots the mix never filled, and the share of prompt positions that were padding in "
-    "static batches."
+    "cache's reserved token slots the mix never filled, the share of prompt positions that were padding in "
+    "static batches, and the share of generated tokens past the requests' own outputs (a static batch runs every "
+    "row to its longest output)."
 )
 
 
 def group_key(result: CellResult) -> GroupKey:
     c = result.cell
-    return (str(c.model), str(c.dtype), c.weights, c.workload, c.serving, int(c.batch_size))
+    return (str(c.model), str(c.dtype), c.weights, c.workload, c.serving, int(c.batch_size), float(c.rate))
 
 
 def workload_groups(results: list[CellResult]) -> dict[GroupKey, list[CellResult]]:
-    """Workload cells by what they served (model, dtype, weights, mix, serving, batch): the strategies that can
-    be compared on one figure and one table. Sorted by key, then strategy; fixed-shape cells left out."""
+    """Workload cells by what they served (model, dtype, weights, mix, serving, batch, offered rate): the
+    strategies that can be compared on one figure and one table. Sorted by key, then strategy; fixed-shape cells
+    left out."""
     groups: dict[GroupKey, list[CellResult]] = defaultdict(list)
     for result in results:
         if result.cell.is_workload:
@@ -94,16 +97,19 @@ def _requests(result: CellResult) -> list[dict]:
 
 
 def group_title(key: GroupKey, model_name: str) -> str:
-    _, dtype, weights, workload, serving, batch = key
+    _, dtype, weights, workload, serving, batch, rate = key
     quantized = "" if weights == NO_WEIGHT_QUANTIZATION else f" {weights}"
-    return f"{model_name}{quantized}  {dtype}  workload {workload}  {serving}  batch {batch}"
+    offered = f"  at {rate:g} req/s" if rate > 0 else ""
+    return f"{model_name}{quantized}  {dtype}  workload {workload}  {serving}  batch {batch}{offered}"
 
 
 def group_file_name(key: GroupKey, model_name: str) -> str:
-    """`workload_local-llama_float32_chat_continuous_bs4.png`: only letters, digits, `.`, `_` and `-`."""
-    _, dtype, weights, workload, serving, batch = key
+    """`workload_local-llama_float32_chat_continuous_bs4.png` (`..._bs4_2rps.png` at an offered rate): only
+    letters, digits, `.`, `_` and `-`."""
+    _, dtype, weights, workload, serving, batch, rate = key
     quantized = "" if weights == NO_WEIGHT_QUANTIZATION else f"_{weights}"
-    return file_stem(f"workload_{model_name}{quantized}_{dtype}_{workload}_{serving}_bs{batch}") + ".png"
+    offered = f"_{rate:g}rps" if rate > 0 else ""
+    return file_stem(f"workload_{model_name}{quantized}_{dtype}_{workload}_{serving}_bs{batch}{offered}") + ".png"
 
 
 def workload_figure(key: GroupKey, model_name: str, cells: list[CellResult], palette: dict[str, str]) -> Figure:
@@ -237,6 +243,7 @@ def _other_cells(result: CellResult) -> list[str]:
         _plain(m.get(Metric.KV_CACHE_BYTES), MIB),
         _plain(m.get(Metric.STATIC_UNUSED_SHARE), 0.01, digits=1),
         _plain(m.get(Metric.PADDING_SHARE), 0.01, digits=1),
+        _plain(m.get(Metric.OVERGENERATION_SHARE), 0.01, digits=1),
     ]
 
 

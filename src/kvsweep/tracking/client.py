@@ -163,8 +163,10 @@ class SweepTracker:
         tags = {k: redact_text(v) for k, v in tags.items()}
         run = self.client.create_run(self.experiment_id, run_name=tags[RunTag.RUN_NAME], tags=tags)
         values = {k: getattr(cell, k) for k in PARAM_KEYS}
-        params = [
-            Param(k, redact_text(_param_value(v))) for k, v in values.items() if v != "" or k not in WORKLOAD_FIELDS
+        params = [  # a workload cell's mix, serving mode and rate (0: closed loop); a fixed-shape cell has none
+            Param(k, redact_text(_param_value(v)))
+            for k, v in values.items()
+            if cell.is_workload or k not in WORKLOAD_FIELDS
         ]
         params.append(Param("device", device))
         self.client.log_batch(run.info.run_id, params=params)

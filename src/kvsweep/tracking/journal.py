@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import CAPACITY_CSV, REPORT_DIR, Metric, ResultTag, RunTag
+from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, Metric, ResultTag, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 
@@ -113,7 +113,8 @@ def find_journals(path: Path) -> list[Path]:
     return sorted(path.rglob(JOURNAL_NAME))
 
 
-SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", CAPACITY_CSV)  # logged on the parent run from the run folder
+# logged on the parent run from the run folder
+SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", CAPACITY_CSV, PARETO_CSV)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:

@@ -93,13 +93,15 @@ def group_keys(grid: dict[str, list[Any]]) -> list[str]:
 
 def group_keys_from_config(config_yaml: str) -> list[str]:
     """The same from the sweep's saved config (the YAML logged on its parent run, kept in its journal). A workload
-    sweep's cells differ by serving mode and B instead of context and new tokens (the mix replaces those axes)."""
+    sweep's cells differ by serving mode and B instead of context and new tokens (the mix replaces those axes), and
+    by offered rate when `workload.rate` has several."""
     config = OmegaConf.to_container(OmegaConf.create(config_yaml or "{}"))
-    grid = config.get("grid") or {}
-    if not (config.get("workload") or {}).get("source"):
+    grid, workload = config.get("grid") or {}, config.get("workload") or {}
+    if not workload.get("source"):
         return group_keys(grid)
     shaped = {k: v for k, v in grid.items() if k not in ("context_lengths", "max_new_tokens", "batch_sizes")}
-    return [*group_keys(shaped), "serving", "batch_size"]
+    rates = ["rate"] if len({str(r) for r in workload.get("rate") or []}) > 1 else []
+    return [*group_keys(shaped), "serving", "batch_size", *rates]
 
 
 def view_key(parent_run_id: str) -> str:

@@ -160,6 +160,7 @@ def result_from_run(run: Run) -> CellResult:
     fields["compile"] = fields["compile"] == "true"
     fields["inputs"] = fields["inputs"] or RANDOM  # a run logged before cells had inputs was fed random ids
     fields["weights"] = fields["weights"] or NO_WEIGHT_QUANTIZATION  # logged before weights were an axis
+    fields["rate"] = float(fields["rate"] or 0.0)  # a workload cell's offered rate; none on a fixed-shape cell
     return CellResult(
         tags.get(RunTag.CELL_ID, ""),
         Cell(**fields),

@@ -128,27 +128,44 @@ def static_unused_share(mix: RequestMix, reserved_tokens: int, batch: int) -> fl
     """The share of a static cache's reserved token slots that the mix never writes.
 
     Definition: each row of each static batch (see `padding_share` for the batching) holds `reserved_tokens` slots
-    for its whole life; at its end it has written its prompt, left-padded to the batch's longest (P), and its own
-    output but the last token, which is never fed back: P + output - 1 slots. The share is
-    1 - sum(P + output - 1) / (rows * reserved_tokens): unused slots over reserved slots, every row holding the same
+    for its whole life. `generate` runs every row until the batch's longest output is done, so at its end each row
+    has written its prompt, left-padded to the batch's longest (P), and the batch's longest output (N) but the last
+    token, which is never fed back: P + N - 1 slots, whatever its own output (sequential: its own). The share is
+    1 - sum(P + N - 1) / (rows * reserved_tokens): unused slots over reserved slots, every row holding the same
     reservation. It is the reservation at its fullest: averaged over a request's life the unused share is larger.
-    Padding counts as written (it is, with masked keys): `padding_share` measures that waste separately.
+    Padding counts as written (it is, with masked keys): `padding_share` measures that waste separately, and
+    `overgeneration_share` the tokens generated past a row's own output.
     """
     if reserved_tokens < 1:
         raise ValueError(f"reserved_tokens must be positive, got {reserved_tokens}")
     written = rows = 0
     for group in _batches(mix, batch):
         padded = max(r.input_tokens for r in group)
-        for request in group:
-            need = padded + request.output_tokens - 1
-            if need > reserved_tokens:
-                raise WorkloadError(
-                    f"a static cache of {reserved_tokens} tokens cannot hold a request needing {need} "
-                    f"(prompt padded to {padded} + {request.output_tokens} output - 1)"
-                )
-            written += need
-            rows += 1
+        longest = max(r.output_tokens for r in group)
+        need = padded + longest - 1
+        if need > reserved_tokens:
+            raise WorkloadError(
+                f"a static cache of {reserved_tokens} tokens cannot hold a batch needing {need} "
+                f"(prompt padded to {padded} + its longest output {longest} - 1)"
+            )
+        written += need * len(group)
+        rows += len(group)
     return 1.0 - written / (rows * reserved_tokens)
+
+
+def overgeneration_share(mix: RequestMix, batch: int) -> float:
+    """The share of the tokens `generate` generates for the mix's static batches that no request asked for.
+
+    Every row of a batch runs until the batch's longest output is done: a row whose own output is shorter makes
+    (longest - own) tokens past it, computed and cached and thrown away. Share = sum(longest - own) /
+    sum(longest), over every row of every batch (batches as `padding_share`'s): decode compute spent on them.
+    """
+    over = generated = 0
+    for group in _batches(mix, batch):
+        longest = max(r.output_tokens for r in group)
+        over += sum(longest - r.output_tokens for r in group)
+        generated += longest * len(group)
+    return over / generated
 
 
 def padding_share(mix: RequestMix, batch: int) -> float:
@@ -167,33 +184,41 @@ def padding_share(mix: RequestMix, batch: int) -> float:
 
 
 def compile_payback(
-    compile_s: float, compiled_request_s: Sequence[float], dynamic_request_s: Sequence[float]
+    compile_s: float,
+    compiled_call_s: Sequence[float],
+    dynamic_call_s: Sequence[float],
+    rows: Sequence[int] | None = None,
 ) -> int | None:
-    """After how many requests a compiled static cache's saving over dynamic has repaid its compile time.
+    """After how many requests a compiled static cache's saving over dynamic has repaid its compile time, all in
+    the server's seconds.
 
-    Saving i = dynamic_request_s[i] - compiled_request_s[i], the same request timed both ways. If the mean saving
-    is <= 0 it never pays back over a long run: None, even if a lucky prefix of the mix did. Otherwise k is the
-    smallest k <= len(mix) whose first k savings sum to >= compile_s; past the end of the mix each further request
-    is taken to save the mean, which makes k = ceil(compile_s / mean saving). compile_s = 0 pays back at once: 0;
-    no timings at all: None.
+    A call is one `generate` call: one request (sequential) or a batch of `rows[i]` (batched; None: one each); its
+    time is the server's, from being sent to its end (waiting for arrivals left out), the same call timed both ways.
+    Saving i = dynamic_call_s[i] - compiled_call_s[i]: one saving per call, however many rows it served. If the
+    mean saving per request (the savings' sum over the requests') is <= 0 it never pays back over a long run:
+    None, even if a lucky prefix of the mix did. Otherwise the payback is the requests served by the calls up to the
+    first whose running sum of savings reaches compile_s (a call's saving comes when it ends, with all its rows);
+    past the end of the mix each further request is taken to save the mean per request, which makes
+    ceil(compile_s / mean). compile_s = 0 pays back at once: 0; no calls at all: None.
     """
-    if len(compiled_request_s) != len(dynamic_request_s):
+    rows = [1] * len(compiled_call_s) if rows is None else list(rows)
+    if not len(compiled_call_s) == len(dynamic_call_s) == len(rows):
         raise ValueError(
-            f"compiled and dynamic timings must be of the same requests: {len(compiled_request_s)} "
-            f"against {len(dynamic_request_s)}"
+            f"compiled and dynamic timings must be of the same calls: {len(compiled_call_s)} against "
+            f"{len(dynamic_call_s)}, of {len(rows)} row counts"
         )
     if compile_s < 0:
         raise ValueError(f"compile_s must not be negative, got {compile_s}")
     if compile_s == 0:
         return 0
-    if not compiled_request_s:
+    if not compiled_call_s:
         return None
-    savings = [d - c for c, d in zip(compiled_request_s, dynamic_request_s, strict=True)]
-    mean = math.fsum(savings) / len(savings)
+    savings = [d - c for c, d in zip(compiled_call_s, dynamic_call_s, strict=True)]
+    mean = math.fsum(savings) / sum(rows)
     if mean <= 0:
         return None
-    for k, total in enumerate(accumulate(savings), start=1):
+    for total, served in zip(accumulate(savings), accumulate(rows), strict=True):
         if total >= compile_s:
-            return k
+            return served
     k = math.ceil(compile_s / mean)
     return k - 1 if (k - 1) * mean >= compile_s else k  # a quotient a rounding error above a whole number

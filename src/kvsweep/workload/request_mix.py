@@ -70,6 +70,13 @@ class RequestMix:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @property
+    def offered_rate(self) -> float | None:
+        """Requests a second its arrival times offer: (n - 1) gaps over the first to the last arrival (a Poisson
+        mix's rate, as drawn); None in a closed loop, or with every request at once."""
+        last = self.requests[-1].arrival_s
+        return (len(self.requests) - 1) / last if last else None
+
+    @property
     def longest_input(self) -> int:
         return max(r.input_tokens for r in self.requests)
 

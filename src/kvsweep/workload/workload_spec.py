@@ -8,6 +8,10 @@ file's prompt that does not fit is refused.
 
 A prompts file's requests are text: how many tokens each prompt is depends on the model's tokenizer, so the
 driver encodes them once per model (`WorkloadPrompts.lengths`) and `mix_for(model)` is that model's mix.
+
+`workload.rate` is an axis: the spec holds the mix without Poisson arrivals, and a cell at rate r replays
+`mix_for(model, r)`, its arrivals drawn from the sweep's seed alone, so every cache at one rate is offered the very
+same requests at the very same times (and each rate the same exponential draws, scaled).
 """
 
 from dataclasses import asdict, dataclass, field, replace
@@ -59,16 +63,23 @@ class WorkloadSpec:
     slo_ttft_ms: float = 0.0  # `slo.*`: what a request must meet to count as goodput (0: not applied)
     slo_tpot_ms: float = 0.0
     prompts: WorkloadPrompts | None = None  # source=file: the text; `mix` then holds outputs and arrivals only
+    seed: int = 0  # what `workload.rate`'s Poisson arrivals are drawn with (`measure.seed`)
 
-    def mix_for(self, model: str) -> RequestMix:
-        """The requests as `model` runs them: a prompts file's prompts at the length its tokenizer gives them."""
-        if self.prompts is None:
-            return self.mix
-        lengths = self.prompts.lengths.get(model)
-        if lengths is None:
-            raise WorkloadError(f"workload.path {self.prompts.file_name}: its prompts were not encoded for {model}")
-        pairs = zip(lengths, self.mix.requests, strict=True)
-        return RequestMix(self.mix.name, tuple(Request(n, r.output_tokens, r.arrival_s) for n, r in pairs))
+    def mix_for(self, model: str, rate: float = 0.0) -> RequestMix:
+        """The requests as `model` runs them (a prompts file's prompts at the length its tokenizer gives them),
+        arriving as a Poisson process of `rate` requests a second when it is above 0 (a cell's `rate`)."""
+        mix = self.mix
+        if self.prompts is not None:
+            lengths = self.prompts.lengths.get(model)
+            if lengths is None:
+                raise WorkloadError(f"workload.path {self.prompts.file_name}: its prompts were not encoded for {model}")
+            pairs = zip(lengths, self.mix.requests, strict=True)
+            mix = RequestMix(self.mix.name, tuple(Request(n, r.output_tokens, r.arrival_s) for n, r in pairs))
+        return poisson_arrivals(mix, rate, self.seed) if rate > 0 else mix
+
+    def arrivals_sha256(self, rate: float) -> str:
+        """What a cell at `rate` replays, as a cell id hashes it: the mix with that rate's arrival times."""
+        return poisson_arrivals(self.mix, rate, self.seed).sha256
 
     def with_lengths(self, lengths: dict[str, tuple[int, ...]]) -> "WorkloadSpec":
         """This spec with each model's prompt lengths (a prompts file's; unchanged for other sources)."""
@@ -76,7 +87,8 @@ class WorkloadSpec:
 
     @property
     def open_loop(self) -> bool:
-        """Arrival times given (a trace's or `workload.rate`'s): TTFT then includes waiting for a free slot."""
+        """The mix's own arrival times (a trace's; `workload.rate`'s are a cell's): TTFT then includes waiting
+        for a free slot."""
         return self.mix.requests[0].arrival_s is not None
 
     def identity(self) -> dict[str, Any]:
@@ -98,6 +110,7 @@ class WorkloadSpec:
             "slo_ttft_ms": self.slo_ttft_ms,
             "slo_tpot_ms": self.slo_tpot_ms,
             "prompts": asdict(self.prompts) if self.prompts else None,
+            "seed": self.seed,
         }
 
     @classmethod
@@ -115,6 +128,7 @@ class WorkloadSpec:
             data["slo_ttft_ms"],
             data["slo_tpot_ms"],
             prompts or None,
+            data.get("seed", 0),
         )
 
 
@@ -154,12 +168,12 @@ def workload_from_config(workload: Any, seed: int, slo: Any = None, chat_templat
         if not workload.path:
             raise WorkloadError("workload.source=trace needs workload.path (a JSONL of input_tokens, output_tokens)")
         mix = trace_mix(workload.path, workload.requests, max_positions=None)
-    if workload.rate > 0:
-        if mix.requests[0].arrival_s is not None:
-            raise WorkloadError(
-                f"workload.rate={workload.rate:g} would replace the arrival times of {workload.path}; drop one of them"
-            )
-        mix = poisson_arrivals(mix, workload.rate, seed)
+    offered = [r for r in rate_axis(workload.rate) if r > 0]
+    if offered and mix.requests[0].arrival_s is not None:
+        given = ",".join(f"{r:g}" for r in offered)
+        raise WorkloadError(
+            f"workload.rate=[{given}] would replace the arrival times of {workload.path}; drop one of them"
+        )
     if not workload.serving:
         raise WorkloadError("workload.serving is empty; give at least one of " + ", ".join(SERVING_MODES))
     for mode in workload.serving:
@@ -167,7 +181,13 @@ def workload_from_config(workload: Any, seed: int, slo: Any = None, chat_templat
             raise WorkloadError(f"workload.serving: unknown mode {mode!r}; allowed: {', '.join(SERVING_MODES)}")
     ttft, tpot = (slo.ttft_ms, slo.tpot_ms) if slo is not None else (0.0, 0.0)
     warmup = min(workload.warmup_requests, len(mix))
-    return WorkloadSpec(workload.name or source, mix, warmup, source, ttft, tpot, prompts if source == FILE else None)
+    name = workload.name or source
+    return WorkloadSpec(name, mix, warmup, source, ttft, tpot, prompts if source == FILE else None, seed)
+
+
+def rate_axis(rate: Any) -> list[float]:
+    """`workload.rate` as the cells' axis: each rate once, in the config's order; [0] (closed loop) when empty."""
+    return list(dict.fromkeys(float(r) for r in rate)) or [0.0]
 
 
 def _file_workload(workload: Any, seed: int, chat_template: bool) -> tuple[WorkloadPrompts, RequestMix]:
