@@ -142,7 +142,7 @@ def test_a_tpot_tie_is_not_won_by_a_cache_with_twice_the_ttft():
     [decision] = decide(results, Settings())
     assert decision.pick.label == "dynamic"  # of the tied candidates left, the least memory
     line = short_form([decision])
-    assert "not picked: quantized-hqq-int4: TTFT +103% > 10%" in line
+    assert "not picked: quantized-hqq-int4 (tied on tpot with dynamic): TTFT +103% > 10%" in line
     assert "pick quantized-hqq-int4" not in line and "leanest within 10%: quantized" not in line
     # waived by the user: TTFT no longer holds it back, and the tie goes to its memory
     [waived] = decide(results, Settings(waive_slowdown=("ttft_ms",)))

@@ -90,7 +90,9 @@ def test_int2_loses_the_task_and_is_refused_with_the_reason_everywhere(real_swee
         line = _line(real_sweep, context)
         refused = line.split("refused: ", 1)[1]
         assert re.search(
-            rf"quantized-hqq-int2 \(passkey [\d.]+ \[[\d.-]+\] vs dynamic .* at ctx {context}: quality loss", refused
+            rf"quantized-hqq-int2 \(passkey [\d.]+ \[[\d.-]+\] vs dynamic .* at ctx {context} "
+            rf"\(paired -[\d.]+ \[.*\], McNemar p=[\d.e-]+ \(lost \d+, gained \d+ of \d+\)\): quality loss",
+            refused,
         )
         assert "fastest quantized-hqq-int2" not in line and "leanest within 10%: quantized-hqq-int2" not in line
         assert f"at ctx {context}: quality loss" in report

@@ -97,8 +97,14 @@ class Decision:
         return text
 
     def held_back(self) -> list[str]:
-        """'quantized-hqq-int4: TTFT +103% > 10%' for each eligible strategy the constraints kept out."""
-        return [f"{e.label}: {', '.join(e.held_back)}" for e in self.entries if e.eligible and e.held_back]
+        """'quantized-hqq-int4 (tied on tpot): TTFT +103% > 10%' for each eligible strategy the constraints kept
+        out, saying when it was tied with the pick on what is ranked (the tie it would have won on memory)."""
+        lines = []
+        for e in self.entries:
+            if e.eligible and e.held_back:
+                tie = f" (tied on {self.ranking.short} with {self.pick.label})" if e.tied_with_pick else ""
+                lines.append(f"{e.label}{tie}: {', '.join(e.held_back)}")
+        return lines
 
     def _pick_text(self) -> str:
         assert self.pick is not None
@@ -203,6 +209,9 @@ def _decide_group(
             if ties:
                 decision.tied, decision.tie_test = [best, *(e for e, _ in ties)], ties[0][1]
                 decision.pick = min(decision.tied, key=lambda e: (memory_of(e), _order(e.result)))
+        for entry in entries:  # a held-back strategy the pick is tied with: the tie it would have won on memory
+            if entry.eligible and entry.held_back and decision.pick is not None and entry.speed is not None:
+                entry.tied_with_pick = objective_tie(entry, decision.pick, ranking, settings)[0]
         fastest = min((e for e in candidates if e.speed is not None), key=lambda e: e.speed, default=None)
         if fastest is not None:
             limit = fastest.speed * (1 + settings.max_slowdown)

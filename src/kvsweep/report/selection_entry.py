@@ -30,6 +30,7 @@ class Entry:
     advice: str = ""
     eligible: bool = False  # ran, kept its quality, plausible
     held_back: list[str] = field(default_factory=list)  # why an eligible entry is no candidate: slowdowns, SLOs
+    tied_with_pick: bool = False  # held back, though tied with the pick on what is ranked
     gate: Gate = field(default_factory=Gate)  # the quality verdict (cells that ran)
 
     @property
