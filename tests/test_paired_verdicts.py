@@ -228,3 +228,28 @@ def test_the_first_lines_warn_when_the_mix_is_too_small_for_the_percentile_asked
     assert "(299 do" in p99 and "ttft_ms p90" in p99
     [none] = interval_warning(4, "e2e_ms")
     assert "no percentile has an interval" in none
+
+
+def test_goodput_picks_the_cache_serving_more_requests_within_the_slo_and_mcnemar_decides_the_tie():
+    """30 requests: under the 300 ms TTFT SLO dynamic meets 20 (every 3rd misses), static all 30, HQQ int8 29;
+    the goodput rates follow. Static and HQQ int8 differ on one request only (McNemar p = 1: tied, memory
+    decides); static against dynamic differs on 10, all one way (p = 2 x 0.5^10)."""
+    slo = 300.0
+    ttft = {
+        "dynamic": [400.0 if i % 3 == 0 else 200.0 for i in range(30)],
+        "static": [250.0] * 30,
+        "quantized-hqq-int8": [250.0] * 29 + [350.0],
+    }
+    results = []
+    for cache, values in ttft.items():
+        result = workload_cell(cache, [4 * v for v in values], kv={"quantized-hqq-int8": 5e5}.get(cache, 1e6))
+        met = sum(v <= slo for v in values)
+        result.metrics[Metric.GOODPUT_REQUESTS_PER_S] = met / 30.0
+        results.append(result)
+    settings = Settings(objective="goodput", slo_ttft_ms=slo, waive_slowdown=("ttft_ms", "tpot_ms", "e2e_ms"))
+    [decision] = decide(results, settings)
+    assert [e.label for e in decision.tied] == ["static", "quantized-hqq-int8"]
+    assert decision.tie_test == "McNemar on requests within the SLOs"
+    assert decision.pick.label == "quantized-hqq-int8"  # tied with static, and leaner
+    # dynamic misses the SLO at its ranked percentile: it is no candidate at all
+    assert any("dynamic" in line and "> SLO 300 ms" in line for line in decision.held_back())
