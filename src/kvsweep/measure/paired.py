@@ -45,9 +45,13 @@ class PairedRatio:
             return SLOWER
         return TIED
 
+    def change(self) -> str:
+        """'+12% [+8%, +15%]': the median ratio and its interval as changes."""
+        return f"{self.ratio - 1:+.0%} [{self.low - 1:+.0%}, {self.high - 1:+.0%}]"
+
     def text(self) -> str:
         """'+12% [+8%, +15%] paired over 32 requests'."""
-        return f"{self.ratio - 1:+.0%} [{self.low - 1:+.0%}, {self.high - 1:+.0%}] paired over {self.pairs} requests"
+        return f"{self.change()} paired over {self.pairs} requests"
 
 
 def paired_ratio(mine: Sequence[float | None], reference: Sequence[float | None]) -> PairedRatio | None:

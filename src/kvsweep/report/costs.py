@@ -8,7 +8,7 @@ timings are compared at the ranked percentile, and its uncertainty is the per-re
 from kvsweep.measure.paired import PairedRatio
 from kvsweep.measure.statistics import ratio_error
 from kvsweep.names import Metric
-from kvsweep.report.constraints import LATENCIES, at_rank, label
+from kvsweep.report.constraints import LABELS, LATENCIES, at_rank, label
 from kvsweep.report.paired_verdicts import logged_ratio, pair
 from kvsweep.report.ranking import Ranking
 from kvsweep.report.selection_entry import Entry
@@ -16,6 +16,7 @@ from kvsweep.results import CellResult
 
 
 def vs_dynamic(entry: Entry, first: bool = False) -> str:
+    """'; TPOT -12% ±3%, ... vs dynamic' after a pick's speed ('TPOT ... vs dynamic' alone when `first`)."""
     parts = cost_text(entry)
     if not parts:
         return ""
@@ -26,13 +27,10 @@ def cost_text(entry: Entry) -> str:
     """'TPOT -12% ±3%, TTFT +3% ±2%, memory +30%' relative to dynamic (a workload's at its ranked percentile, then
     the per-request paired medians: 'per request: TTFT +2% [+0%, +4%] tied'); empty for dynamic itself."""
     text = ", ".join(f"{name} {pct(v)}{_pm(entry.errors.get(name))}" for name, v in entry.deltas.items())
-    paired = [f"{LABELS_PLAIN[t]} {r.text().split(' paired')[0]} {r.verdict}" for t, r in entry.paired.items()]
+    paired = [f"{LABELS[t]} {r.change()} {r.verdict}" for t, r in entry.paired.items()]
     if paired:
         text += ("; " if text else "") + "per request (paired): " + ", ".join(paired)
     return text
-
-
-LABELS_PLAIN = {Metric.TTFT_MS: "TTFT", Metric.TPOT_MS: "TPOT", Metric.E2E_MS: "E2E"}
 
 
 def _pm(error: float | None) -> str:
