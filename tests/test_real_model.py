@@ -95,7 +95,7 @@ def test_int2_loses_the_task_and_is_refused_with_the_reason_everywhere(real_swee
             refused,
         )
         assert "fastest quantized-hqq-int2" not in line and "leanest within 10%: quantized-hqq-int2" not in line
-        assert f"at ctx {context}: quality loss" in report
+        assert f"at ctx {context} (paired " in report and "McNemar" in report and "): quality loss" in report
 
 
 def test_int8_keeps_the_task_and_is_not_refused_for_its_kl(real_sweep):
@@ -108,16 +108,35 @@ def test_int8_keeps_the_task_and_is_not_refused_for_its_kl(real_sweep):
         assert "quantized-hqq-int8 (" not in _refused(_line(real_sweep, context))
 
 
-def test_int4_is_labelled_as_its_intervals_say_and_its_kl_is_below_int2s(real_sweep):
+def _verdicts(outcome, run) -> dict[int, bool]:
+    """A cell's task.jsonl as prompt index -> correct."""
+    from mlflow import MlflowClient
+
+    path = Path(MlflowClient(outcome.tracking_uri).download_artifacts(run.info.run_id, "task.jsonl"))
+    return {t["prompt_index"]: t["correct"] for t in map(json.loads, path.read_text().splitlines())}
+
+
+def test_int4_is_labelled_as_mcnemar_on_the_same_trials_says_and_its_kl_is_below_int2s(real_sweep):
+    """The verdict against dynamic is worked out here from both cells' task.jsonl: the drop, and SciPy's exact
+    binomial test on the trials they disagree on (McNemar)."""
+    from scipy.stats import binomtest
+
     cells = _cells(real_sweep)
     for context in CONTEXTS:
         dynamic = cells[("dynamic", context)].data.metrics
         int4, int2 = cells[("quantized-hqq-int4", context)].data, cells[("quantized-hqq-int2", context)].data
         m = int4.metrics
         drop = dynamic["passkey_accuracy"] - m["passkey_accuracy"]
+        mine, theirs = (
+            _verdicts(real_sweep, cells[("quantized-hqq-int4", context)]),
+            _verdicts(real_sweep, cells[("dynamic", context)]),
+        )
+        lost = sum(theirs[i] and not mine[i] for i in theirs)
+        gained = sum(mine[i] and not theirs[i] for i in theirs)
+        significant = lost + gained > 0 and binomtest(gained, lost + gained, 0.5).pvalue < 0.05 and lost > gained
         if drop <= 0.05 + 1e-9:
             expected = "false"
-        elif m["passkey_accuracy_ci_high"] < dynamic["passkey_accuracy_ci_low"]:
+        elif significant:
             expected = "true"
         else:
             expected = "undecided"
