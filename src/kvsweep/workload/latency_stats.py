@@ -7,7 +7,7 @@ same linear-interpolated point value), so a workload's p90 reads like a cell's m
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -160,12 +160,7 @@ def overgeneration_share(mix: RequestMix, batch: int) -> float:
     (longest - own) tokens past it, computed and cached and thrown away. Share = sum(longest - own) /
     sum(longest), over every row of every batch (batches as `padding_share`'s): decode compute spent on them.
     """
-    over = generated = 0
-    for group in _batches(mix, batch):
-        longest = max(r.output_tokens for r in group)
-        over += sum(longest - r.output_tokens for r in group)
-        generated += longest * len(group)
-    return over / generated
+    return _share_below_longest(mix, batch, lambda r: r.output_tokens)
 
 
 def padding_share(mix: RequestMix, batch: int) -> float:
@@ -175,12 +170,18 @@ def padding_share(mix: RequestMix, batch: int) -> float:
     is left-padded to its batch's longest. Share = sum(longest - input) / sum(longest * rows), over all batches:
     prefill compute and cache slots spent on pad tokens.
     """
-    pad = positions = 0
+    return _share_below_longest(mix, batch, lambda r: r.input_tokens)
+
+
+def _share_below_longest(mix: RequestMix, batch: int, length: Callable[[Request], int]) -> float:
+    """Over every row of every static batch: sum(the batch's longest `length` - the row's) / sum(that longest):
+    what a batch run to its longest row spends on the others (padding, or tokens generated past an output)."""
+    short = total = 0
     for group in _batches(mix, batch):
-        longest = max(r.input_tokens for r in group)
-        pad += sum(longest - r.input_tokens for r in group)
-        positions += longest * len(group)
-    return pad / positions
+        longest = max(length(r) for r in group)
+        short += sum(longest - length(r) for r in group)
+        total += longest * len(group)
+    return short / total
 
 
 def compile_payback(
