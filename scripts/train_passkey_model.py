@@ -27,8 +27,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, QuantizedCache
 
 from kvsweep.inputs.filler import paragraph
-from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, answer_correct, needle
-from kvsweep.inputs.prompts import Prompt, build_prompts
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, needle
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.prompts import build_prompts
+from kvsweep.inputs.scoring import answer_correct
 from kvsweep.inputs.spec import PASSKEY, InputSpec
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "passkey-llama"

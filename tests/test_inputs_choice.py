@@ -18,6 +18,8 @@ from kvsweep.config.compose import compose_config
 from kvsweep.driver.inputs_choice import choose_inputs
 from kvsweep.errors import ConfigError
 from kvsweep.inputs.prompt_file import read_prompt_file
+from kvsweep.inputs.tasks.base import TaskKit
+from kvsweep.inputs.tasks.suite import get_task
 from kvsweep.models.resolve import classify, load_tokenizer, tokenizer_problem
 
 SENTENCES = ["the pass key is hidden in the text", "what is the pass key", "remember it"]
@@ -171,18 +173,26 @@ def test_the_tokenizer_loads_from_the_model_folder(llama_folder, tokenizerless_f
 # --- the choice -------------------------------------------------------------------------------------------
 
 
-def test_auto_feeds_passkey_where_a_tokenizer_loads_and_random_elsewhere(llama_folder):
+def test_auto_feeds_the_task_suite_where_a_tokenizer_loads_and_random_elsewhere(llama_folder):
     choice = choose_inputs(config(f"grid.models=[{llama_folder},tiny-llama]"))
-    assert choice.by_model == {llama_folder: "passkey", "tiny-llama": "random"}
+    assert choice.by_model == {llama_folder: "tasks", "tiny-llama": "random"}
     assert choice.reasons == {
-        llama_folder: f"passkey: auto, its tokenizer loads from {llama_folder}",
+        llama_folder: f"tasks: auto, its tokenizer loads from {llama_folder}",
         "tiny-llama": f"random: auto, {PRESET_REASON}",
     }
     assert choice.lines() == [
-        "inputs: passkey for word-llama (auto: its tokenizer loads)",
+        "inputs: tasks for word-llama (auto: its tokenizer loads; passkey, niah_single, niah_multikey, vt)",
         f"inputs: random for tiny-llama (auto: {PRESET_REASON})",
     ]
     assert choice.spec.depths == (0.1, 0.5, 0.9) and choice.spec.quality_trials == 16 and not choice.spec.records
+    assert choice.spec.tasks == ("passkey", "niah_single", "niah_multikey", "vt")
+
+
+def test_source_passkey_runs_the_single_key_task_alone_and_keeps_its_cell_ids(llama_folder):
+    """`inputs.source=passkey` is the task it always was: no suite in the inputs, so its cells' ids are unchanged."""
+    choice = choose_inputs(config(f"grid.models=[{llama_folder}]", "inputs.source=passkey"))
+    assert choice.by_model == {llama_folder: "passkey"} and choice.spec.tasks == ()
+    assert "tasks" not in choice.spec.identity()
 
 
 def test_auto_falls_back_to_random_when_the_tokenizer_fails(tokenizerless_folder):
@@ -236,7 +246,16 @@ def test_file_for_a_model_without_tokenizer_names_its_index(llama_folder, tokeni
         (["inputs.path=prompts.jsonl"], ["inputs.path is set", "inputs.source=file"]),
         (["inputs.source=passkey", "inputs.path=prompts.jsonl"], ["inputs.path is set", "inputs.source=passkey"]),
         (["inputs.source=file"], ["inputs.source=file needs inputs.path"]),
-        (["inputs.source=prose"], ["inputs.source: unknown source 'prose'", "auto, random, passkey, file"]),
+        (["inputs.source=prose"], ["inputs.source: unknown source 'prose'", "auto, random, tasks, passkey, file"]),
+        (["inputs.tasks=[niah_single,ruler_qa]"], ["inputs.tasks: unknown task 'ruler_qa'", "niah_multikey"]),
+        (["inputs.tasks=[]"], ["inputs.tasks is empty"]),
+        (["inputs.tasks=[vt]"], ["inputs.tasks needs a tokenizer", "grid.models[0] 'tiny-llama'"]),
+        (["inputs.source=tasks"], ["inputs.source=tasks needs a tokenizer"]),
+        (
+            ["inputs.source=file", "inputs.path=p.jsonl", "inputs.tasks=[vt]"],
+            ["inputs.tasks is set (vt) but inputs.source=file runs the file's own prompts"],
+        ),
+        (["inputs.source=random", "inputs.tasks=[cwe]"], ["inputs.tasks is set (cwe) but inputs.source=random"]),
         (["inputs.depths=[]"], ["inputs.depths is empty"]),
         (["inputs.source=file", "inputs.path=missing.jsonl"], ["inputs.path: missing.jsonl does not exist"]),
     ],
@@ -295,3 +314,31 @@ def test_passkey_for_the_default_preset_exits_2_before_ray(tmp_path):
     assert PRESET_REASON in lines[0]
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()
     assert time.monotonic() - started < 20
+
+
+def test_a_task_longer_than_a_context_of_the_grid_is_refused_naming_both(llama_folder):
+    """The suite's minimum is worked out in the model's own tokens: at 64 tokens multi-query's four needles, its
+    question and the least haystack do not fit, and the line says how many tokens it needs."""
+    tokenizer = load_tokenizer(classify(llama_folder), trust_remote_code=False)
+    least = TaskKit(tokenizer, True)
+    needed = get_task("niah_multiquery").minimum_context(least)
+    assert needed > 64
+    with pytest.raises(ConfigError) as raised:
+        choose_inputs(
+            config(f"grid.models=[{llama_folder}]", "inputs.tasks=[niah_multiquery]", "grid.context_lengths=[64,4096]")
+        )
+    assert str(raised.value) == (
+        f"inputs.tasks: niah_multiquery needs at least {needed} tokens with grid.models[0] {llama_folder!r}'s "
+        "tokenizer, but grid.context_lengths has 64; drop niah_multiquery or that context"
+    )
+    fits = choose_inputs(
+        config(f"grid.models=[{llama_folder}]", "inputs.tasks=[niah_multiquery]", f"grid.context_lengths=[{needed}]")
+    )
+    assert fits.by_model == {llama_folder: "tasks"} and fits.spec.tasks == ("niah_multiquery",)
+
+
+def test_an_unknown_task_stops_the_run_with_exit_2_before_anything_starts(tmp_path, capsys):
+    assert main(["grid.models=[tiny-llama]", "inputs.tasks=[niah_single,needle]", f"hydra.run.dir={tmp_path}/run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "inputs.tasks: unknown task 'needle'" in err, err
+    assert not (tmp_path / "run").exists()

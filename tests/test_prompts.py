@@ -12,8 +12,10 @@ import sys
 import pytest
 
 from kvsweep.inputs.filler import FORBIDDEN_WORDS, paragraph
-from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, answer_correct, exact_match, key_found
-from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
+from kvsweep.inputs.passkey import ANSWER_LEAD, INTRO, QUESTION, exact_match, key_found
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.prompts import build_prompts, minimum_context, prompts_sha256
+from kvsweep.inputs.scoring import answer_correct
 from kvsweep.inputs.spec import FILE, PASSKEY, PROMPTS_VERSION, InputSpec
 
 PASSKEY_SPEC = InputSpec(depths=(0.1, 0.5, 0.9), chat_template=True, quality_trials=16)

@@ -42,8 +42,8 @@ def test_installed_wheel_finds_conf_and_sweeps(tmp_path):
         text=True,
         cwd=elsewhere,
         timeout=300,
-        env={"PYTHONPATH": str(site), "PATH": ""},
+        env={"PYTHONPATH": str(site), "PATH": "", "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith(str(site))  # the wheel's copy, not the checkout
-    assert "sweep long_context (dry run)" in proc.stdout and "llama-3.1-8b" in proc.stdout
+    assert "sweep long_context (dry run)" in proc.stdout and "Qwen/Qwen2.5-7B-Instruct-1M" in proc.stdout

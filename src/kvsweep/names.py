@@ -36,6 +36,7 @@ class ResultTag:
     QUALITY_LOSS = "kvsweep.quality_loss"  # true | false | undecided: task accuracy against dynamic's
     TASK = "kvsweep.task"  # informative | uninformative: <why> | none: whether the task can judge this group
     INPUTS_REASON = "kvsweep.inputs_reason"  # why the cell got these inputs (auto's choice, a failed tokenizer)
+    TASKS_LEFT_OUT = "kvsweep.tasks_left_out"  # suite tasks too long for the cell's context: "cwe needs 813 tokens"
     SEARCH = "kvsweep.search"  # batch | context | batch+context: the capacity searches that asked for this probe
     FRONTIER = "kvsweep.frontier"  # max_batch | max_context | both, on the probe at a frontier (sweep end)
     FRONTIER_LIMIT = "kvsweep.frontier_limit"  # what stopped that frontier: memory, slo_tpot, search.max_batch ...
@@ -182,6 +183,35 @@ def with_interval(metric: str) -> tuple[str, str, str]:
     return metric, ci_low(metric), ci_high(metric)
 
 
+PASSKEY_TASK = "passkey"  # the suite's single-key task, whose accuracy keeps its older name
+TASK_PREFIX = "task_"
+TASK_ACCURACY_SUFFIX = "_accuracy"
+
+
+def task_accuracy_metric(task: str) -> str:
+    """`task_niah_multikey_accuracy`: one suite task's share of trials answered in full (`passkey_accuracy`)."""
+    return Metric.PASSKEY_ACCURACY if task == PASSKEY_TASK else f"{TASK_PREFIX}{task}{TASK_ACCURACY_SUFFIX}"
+
+
+def task_trials_metric(task: str) -> str:
+    """`task_vt_trials`: the trials behind one task's accuracy."""
+    return f"{TASK_PREFIX}{task}_trials"
+
+
+def task_partial_metric(task: str) -> str:
+    """`task_vt_partial`: one task's mean share of expected values found (RULER's partial credit)."""
+    return f"{TASK_PREFIX}{task}_partial"
+
+
+def task_of_metric(metric: str) -> str | None:
+    """The suite task an accuracy metric belongs to (`passkey` for `passkey_accuracy`), None for any other."""
+    if metric == Metric.PASSKEY_ACCURACY:
+        return PASSKEY_TASK
+    if metric.startswith(TASK_PREFIX) and metric.endswith(TASK_ACCURACY_SUFFIX):
+        return metric[len(TASK_PREFIX) : -len(TASK_ACCURACY_SUFFIX)] or None
+    return None
+
+
 def passkey_depth_metric(depth: float) -> str:
     """`passkey_accuracy_depth_50`: the accuracy of the needles hidden at this depth (in percent of the context)."""
     return f"{PASSKEY_DEPTH_PREFIX}{round(depth * 100)}"
@@ -211,7 +241,12 @@ CELL_PARAMS = (*PARAM_KEYS, "device", INPUTS_SHA256_PARAM, *NODE_PARAMS)
 PAIRED_RATIOS = (Metric.PAIRED_RATIO_TTFT, Metric.PAIRED_RATIO_TPOT, Metric.PAIRED_RATIO_E2E)  # carry an interval
 INTERVALS = (*TIMED, *ACCURACIES, *(name for row in WORKLOAD_PERCENTILES for name in row), *PAIRED_RATIOS)
 CELL_METRICS = (*_values(Metric), *(f(m) for m in INTERVALS for f in (ci_low, ci_high)), *INT_PARAMS)
-CELL_METRIC_PATTERNS = (f"{PASSKEY_DEPTH_PREFIX}<pct>",)  # one metric per configured value: `<pct>` of 0-100
+CELL_METRIC_PATTERNS = (
+    f"{PASSKEY_DEPTH_PREFIX}<pct>",  # one metric per configured value: `<pct>` of 0-100
+    *with_interval(task_accuracy_metric("<name>")),  # one set per task of the suite (`inputs.tasks`)
+    task_trials_metric("<name>"),
+    task_partial_metric("<name>"),
+)
 
 
 def is_cell_metric(name: str) -> bool:

@@ -8,14 +8,16 @@ context, the row and the sweep's inputs settings only; `sha256` lets a reader ch
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.inputs.prompts import Prompt, build_prompts, minimum_context, prompts_sha256
-from kvsweep.inputs.spec import RANDOM, kind_of
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.prompts import build_prompts, minimum_context, prompts_sha256
+from kvsweep.inputs.spec import RANDOM, kind_of, suite_of
+from kvsweep.inputs.tasks.suite import minimum_contexts
 from kvsweep.models.resolve import classify, load_tokenizer
 
 
@@ -23,8 +25,9 @@ from kvsweep.models.resolve import classify, load_tokenizer
 class Feed:
     ids: torch.Tensor  # (batch, context) on the cell's device: what every timed call gets
     sha256: str  # the `inputs_sha256` param: the ids (text-fed: every task prompt and its answer)
-    prompts: list[Prompt] = field(default_factory=list)  # text-fed: the task's prompts, whole batches
+    prompts: list[Prompt] = field(default_factory=list)  # text-fed: each task's prompts, whole batches each
     tokenizer: Any = None  # text-fed: decodes the answers
+    left_out: str = ""  # a suite's tasks too long for this context: 'cwe needs 813 tokens'
 
 
 def feed_for(cell: Cell, protocol: MeasureProtocol, vocab_size: int, trust_remote_code: bool) -> Feed | str:
@@ -34,24 +37,28 @@ def feed_for(cell: Cell, protocol: MeasureProtocol, vocab_size: int, trust_remot
         return Feed(ids.to(protocol.device), hashlib.sha256(ids.numpy().tobytes()).hexdigest())
     kind, spec = kind_of(cell.inputs), protocol.inputs
     tokenizer = load_tokenizer(classify(cell.model), trust_remote_code)
-    shortest = minimum_context(tokenizer, kind, spec)
-    if cell.context_length < shortest:
-        return f"context {cell.context_length} is shorter than a {kind} prompt's fixed part ({shortest} tokens)"
-    prompts = build_prompts(
-        tokenizer,
-        kind,
-        task_rows(cell.batch_size, spec.quality_trials),
-        cell.context_length,
-        protocol.measure.seed,
-        spec,
-    )
+    left_out = ""
+    if suite_of(kind, spec):
+        least = minimum_contexts(tokenizer, suite_of(kind, spec), spec.chat_template)
+        fits = tuple(task for task, tokens in least.items() if tokens <= cell.context_length)
+        if not fits:
+            shortest = min(least.values())
+            return f"context {cell.context_length} is shorter than any task's fixed part ({shortest} tokens)"
+        left_out = ", ".join(f"{t} needs {n} tokens" for t, n in least.items() if n > cell.context_length)
+        spec = replace(spec, tasks=fits)
+    else:
+        shortest = minimum_context(tokenizer, kind, spec)
+        if cell.context_length < shortest:
+            return f"context {cell.context_length} is shorter than a {kind} prompt's fixed part ({shortest} tokens)"
+    rows = task_rows(cell.batch_size, spec.quality_trials)
+    prompts = build_prompts(tokenizer, kind, rows, cell.context_length, protocol.measure.seed, spec)
     ids = torch.tensor([p.ids for p in prompts[: cell.batch_size]], dtype=torch.long)
-    return Feed(ids.to(protocol.device), prompts_sha256(prompts), prompts, tokenizer)
+    return Feed(ids.to(protocol.device), prompts_sha256(prompts), prompts, tokenizer, left_out)
 
 
 def task_rows(batch: int, trials: int) -> int:
-    """Prompts a cell builds: at least `trials`, in whole batches (a trial call has the cell's shape), and
-    at least one batch (the timed calls' own)."""
+    """Prompts a cell builds of each task: at least `trials`, in whole batches (a trial call has the cell's
+    shape), and at least one batch (the timed calls' own)."""
     return max(1, math.ceil(trials / batch)) * batch
 
 

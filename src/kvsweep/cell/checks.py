@@ -19,15 +19,25 @@ from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.cell.process import out_of_memory
 from kvsweep.grid import Cell
-from kvsweep.inputs.passkey import answer_correct, answer_tokens
-from kvsweep.inputs.prompts import Prompt
-from kvsweep.inputs.spec import PASSKEY
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.scoring import value_hits
+from kvsweep.inputs.spec import FILE, PASSKEY
+from kvsweep.inputs.tasks.suite import answer_budget as suite_answer_budget
 from kvsweep.measure.bandwidth import Bandwidth, implausible
 from kvsweep.measure.cache_identity import mismatch
 from kvsweep.measure.peak_memory import HWM
 from kvsweep.measure.quality import record_reference, reference_rows, teacher_forced_kl, token_agreement
 from kvsweep.measure.statistics import exact_interval
-from kvsweep.names import Metric, ResultTag, ci_high, ci_low, passkey_depth_metric
+from kvsweep.names import (
+    Metric,
+    ResultTag,
+    ci_high,
+    ci_low,
+    passkey_depth_metric,
+    task_accuracy_metric,
+    task_partial_metric,
+    task_trials_metric,
+)
 
 
 class WrongCacheError(Exception):
@@ -93,18 +103,14 @@ def cell_tags(runs: list[MeasuredCall], metrics: dict[str, float], bandwidth: Ba
 ANSWER_ROOM = 8  # tokens a file prompt's answer may take beyond its own length (a chat model's preamble)
 
 
-def answer_budget(feed: Feed) -> int:
-    """New tokens each trial generates: what the longest expected answer needs."""
-    longest = 1
-    for prompt in feed.prompts:
-        if prompt.answer is None:
-            continue
-        if prompt.kind == PASSKEY:
-            longest = max(longest, answer_tokens(prompt.answer))
-        else:
-            tokens = len(feed.tokenizer(prompt.answer, add_special_tokens=False)["input_ids"])
-            longest = max(longest, tokens + ANSWER_ROOM)
-    return longest
+def answer_budget(feed: Feed, prompts: list[Prompt]) -> int:
+    """New tokens a batch of trials generates: what its longest expected answer needs."""
+    answered = [p for p in prompts if p.answer is not None]
+    if not answered:
+        return 1
+    if answered[0].kind != FILE:
+        return suite_answer_budget(feed.tokenizer, answered)
+    return max(len(feed.tokenizer(p.answer, add_special_tokens=False)["input_ids"]) + ANSWER_ROOM for p in answered)
 
 
 @dataclass(frozen=True)
@@ -114,52 +120,65 @@ class TaskOutcome:
 
 
 def task_accuracy(session: GenerateSession, strategy: CacheStrategy, feed: Feed, batch: int, seed: int) -> TaskOutcome:
-    """Accuracy over every prompt that has an answer, with its exact 95% interval; passkey also per depth.
+    """Each task's accuracy over its prompts that have an answer, with its exact 95% interval and RULER's partial
+    credit beside it; passkey also per depth. A prompts file's answers are one task (`answer_accuracy`).
 
-    Every such prompt is also kept as a trial (`task.jsonl`): its index and the sweep's seed rebuild it."""
-    checked = [p.answer is not None for p in feed.prompts]
-    if not any(checked):
+    Every such prompt is also kept as a trial (`task.jsonl`): its task, index and the sweep's seed rebuild it.
+    A batch holds one task's prompts (each task has whole batches), so it generates what that task needs."""
+    if not any(p.answer is not None for p in feed.prompts):
         return TaskOutcome()
-    budget = answer_budget(feed)
-    correct: list[bool] = []
-    texts: list[str] = []
+    by_task: dict[str, list[tuple[Prompt, list[bool]]]] = defaultdict(list)
+    trials: list[dict[str, Any]] = []
+    index_in_task: dict[str, int] = defaultdict(int)
     for start in range(0, len(feed.prompts), batch):
         rows = feed.prompts[start : start + batch]
         ids = torch.tensor([p.ids for p in rows], dtype=torch.long)
-        tokens = session.answer(strategy, ids, budget)
+        tokens = session.answer(strategy, ids, answer_budget(feed, rows))
         answers = feed.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        texts += answers
-        correct += [p.answer is not None and answer_correct(p, text) for p, text in zip(rows, answers, strict=True)]
-    answered = [(p, ok) for p, ok, has in zip(feed.prompts, correct, checked, strict=True) if has]
-    trials = tuple(
-        trial_record(index, seed, prompt, text, ok)
-        for index, (prompt, text, ok) in enumerate(zip(feed.prompts, texts, correct, strict=True))
-        if prompt.answer is not None
-    )
-    kind = answered[0][0].kind
-    metric = Metric.PASSKEY_ACCURACY if kind == PASSKEY else Metric.ANSWER_ACCURACY
-    metrics = share_metrics(metric, [ok for _, ok in answered])
-    metrics[Metric.TASK_TRIALS] = float(len(answered))
-    if kind == PASSKEY:
+        for prompt, text in zip(rows, answers, strict=True):
+            index = index_in_task[prompt.kind]
+            index_in_task[prompt.kind] += 1
+            if prompt.answer is None:
+                continue
+            hits = value_hits(prompt, text)
+            by_task[prompt.kind].append((prompt, hits))
+            trials.append(trial_record(index, seed, prompt, text, hits))
+    metrics: dict[str, float] = {Metric.TASK_TRIALS: float(sum(len(rows) for rows in by_task.values()))}
+    for task, answered in by_task.items():
+        metrics.update(_task_metrics(task, answered))
+    return TaskOutcome(metrics, tuple(trials))
+
+
+def _task_metrics(task: str, answered: list[tuple[Prompt, list[bool]]]) -> dict[str, float]:
+    correct = [all(hits) for _, hits in answered]
+    if task == FILE:
+        return share_metrics(Metric.ANSWER_ACCURACY, correct)
+    metrics = share_metrics(task_accuracy_metric(task), correct)
+    metrics[task_trials_metric(task)] = float(len(answered))
+    metrics[task_partial_metric(task)] = sum(sum(hits) / len(hits) for _, hits in answered) / len(answered)
+    if task == PASSKEY:
         by_depth: dict[float, list[bool]] = defaultdict(list)
-        for prompt, ok in answered:
+        for (prompt, _), ok in zip(answered, correct, strict=True):
             by_depth[float(prompt.depth or 0.0)].append(ok)
         for depth, outcomes in sorted(by_depth.items()):
             metrics[passkey_depth_metric(depth)] = sum(outcomes) / len(outcomes)
-    return TaskOutcome(metrics, trials)
+    return metrics
 
 
-def trial_record(index: int, seed: int, prompt: Prompt, text: str, correct: bool) -> dict[str, Any]:
-    """One line of `task.jsonl`: the prompt's index and seed (with the cell's context and inputs settings they
-    rebuild it), where the needle sat, what was expected, the greedy answer as decoded, the verdict."""
+def trial_record(index: int, seed: int, prompt: Prompt, text: str, hits: list[bool]) -> dict[str, Any]:
+    """One line of `task.jsonl`: the task, the prompt's index in it and the seed (with the cell's context and inputs
+    settings they rebuild it), where the needle asked for sat, what was expected, the greedy answer as decoded,
+    the verdict, and the share of expected values found."""
     return {
+        "task": prompt.kind,
         "prompt_index": index,
         "seed": seed,
         "kind": prompt.kind,
         "depth": prompt.depth,
         "expected": prompt.answer,
         "answer": text,
-        "correct": correct,
+        "correct": all(hits),
+        "partial": sum(hits) / len(hits),
     }
 
 

@@ -151,6 +151,8 @@ def _measure(request: CellRequest, result: CellResult, on_phase: Callable[[str],
         result.status, result.error = SKIPPED, feed
         return
     result.environment[INPUTS_SHA256_PARAM] = feed.sha256
+    if feed.left_out:
+        result.tags[ResultTag.TASKS_LEFT_OUT] = feed.left_out
     bandwidth = device_bandwidth(device)  # once per process, before anything is timed
     injected = fault_for(cell.to_dict(), faults), fault_for(cell.to_dict(), faults, during="quality")
     gpus = len(loaded.split.devices) if loaded.split is not None and session_on_cuda(device) else 1

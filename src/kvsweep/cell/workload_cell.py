@@ -27,7 +27,7 @@ from kvsweep.cell.workload_replay import (
     replay_paged,
 )
 from kvsweep.grid import Cell
-from kvsweep.inputs.prompts import Prompt
+from kvsweep.inputs.prompt import Prompt
 from kvsweep.measure.cache_identity import KvBytes
 from kvsweep.measure.phase_meters import compile_events
 from kvsweep.measure.sampling import TokenTimes

@@ -11,8 +11,9 @@ the traffic as served, by this cache and this serving mode.
 from typing import Any
 
 from kvsweep.cell.checks import TaskOutcome, share_metrics, trial_record
-from kvsweep.inputs.passkey import answer_correct
-from kvsweep.inputs.prompts import Prompt, whole_prompt
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.prompts import whole_prompt
+from kvsweep.inputs.scoring import value_hits
 from kvsweep.names import Metric
 from kvsweep.workload.workload_spec import WorkloadPrompts
 
@@ -40,10 +41,10 @@ def score_answers(prompts: list[Prompt], generated: list[list[int]], tokenizer: 
     if not answered:
         return TaskOutcome()
     texts = tokenizer.batch_decode([generated[i] for i in answered], skip_special_tokens=True)
-    verdicts = [answer_correct(prompts[i], text) for i, text in zip(answered, texts, strict=True)]
-    metrics = share_metrics(Metric.ANSWER_ACCURACY, verdicts)
+    hits = [value_hits(prompts[i], text) for i, text in zip(answered, texts, strict=True)]
+    metrics = share_metrics(Metric.ANSWER_ACCURACY, [all(found) for found in hits])
     metrics[Metric.TASK_TRIALS] = float(len(answered))
     trials = tuple(
-        trial_record(i, seed, prompts[i], text, ok) for i, text, ok in zip(answered, texts, verdicts, strict=True)
+        trial_record(i, seed, prompts[i], text, found) for i, text, found in zip(answered, texts, hits, strict=True)
     )
     return TaskOutcome(metrics, trials)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from kvsweep.config.measure_config import AT_LEAST_0, AT_LEAST_1, POSITIVE, SHARE, Bound, MeasureConfig, one_of, setting
+from kvsweep.inputs.tasks.suite import DEFAULT_TASKS
 from kvsweep.names import Metric
 from kvsweep.units import DTYPE_BYTES
 
@@ -48,7 +49,14 @@ class GridConfig:
 @dataclass
 class InputsConfig:
     source: str = setting(
-        "auto", "auto (passkey for a model with a tokenizer, else random), random, passkey or file (inputs.path)"
+        "auto",
+        "auto (the task suite for a model with a tokenizer, else random), tasks, random, passkey (the single-key "
+        "task alone) or file (inputs.path)",
+    )
+    tasks: list[str] = setting(
+        lambda: list(DEFAULT_TASKS),
+        "the task suite a text-fed cell runs, each measure.quality_trials times: passkey, niah_single, "
+        "niah_multikey, niah_multivalue, niah_multiquery, vt, cwe, fwe (RULER's synthetic tasks)",
     )
     path: str = setting("", "prompts for source=file: .jsonl (one {prompt | messages, answer?} a line) or .txt")
     depths: list[float] = setting(

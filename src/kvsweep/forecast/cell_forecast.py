@@ -27,9 +27,9 @@ from kvsweep.forecast.terms import (
     prefill_seconds,
 )
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.inputs.spec import RANDOM
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_prediction import decode_kv_traffic
+from kvsweep.plan.offload import task_calls
 from kvsweep.plan.workload_cells import served_strategy
 from kvsweep.workload.request_mix import RequestMix
 from kvsweep.workload.workload_spec import BATCHED, SEQUENTIAL, fitted
@@ -147,8 +147,7 @@ def _quality(
     cell: Cell, protocol: MeasureProtocol, strategy: CacheStrategy, model: ModelCost, rates: DeviceRates, call: float
 ) -> Term:
     """The task's calls (the cell's own strategy) and, beside dynamic, its reference and teacher-forced calls."""
-    trials = protocol.inputs.quality_trials
-    tasks = 0 if cell.inputs == RANDOM or trials <= 0 else math.ceil(trials / cell.batch_size)
+    tasks = task_calls(cell, protocol)
     answer = call_cost(strategy, cell, model, rates, cell.context_length, ANSWER_TOKENS, cell.batch_size)
     passes = 0 if strategy.name == BASELINE else (LOGITS_PASSES if strategy.takes_logits_processors else 1)
     seconds = tasks * answer.call(ANSWER_TOKENS) + passes * call

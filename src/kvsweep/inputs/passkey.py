@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsweep.inputs.filler import PARAGRAPHS, paragraph
-from kvsweep.inputs.spec import PASSKEY
 
 INTRO = (
     "There is a pass key hidden inside a lot of irrelevant text. Find it and remember it. "
@@ -71,15 +70,9 @@ def exact_match(answer: str, expected: str) -> bool:
     return normalise(expected) in (normalise(line), normalise(SENTENCE_END.split(line.strip(), maxsplit=1)[0]))
 
 
-def answer_correct(prompt, text: str) -> bool:
-    """A task prompt's verdict on the model's answer (`prompt` is an `inputs.prompts.Prompt`)."""
-    if prompt.answer is None:
-        return False
-    if prompt.kind == PASSKEY:
-        return key_found(text, prompt.answer)
-    return exact_match(text, prompt.answer)
-
-
+TOKENS_PER_PARAGRAPH = (
+    80  # about what a filler paragraph takes (87 in SmolLM2's tokenizer): prefetch no more than needed
+)
 SENTINEL = "\u2063KVSWEEP-BODY\u2063"  # stands in for the body while the chat template is rendered
 
 
@@ -148,6 +141,7 @@ class FillerStream:
         out: list[int] = []
         starts = [0]
         index = start % PARAGRAPHS
+        self._prefetch(index, count // TOKENS_PER_PARAGRAPH + 1)
         while len(out) < count:
             for sentence in self._paragraph(index):
                 out += sentence
@@ -159,7 +153,18 @@ class FillerStream:
 
     def _paragraph(self, index: int) -> list[list[int]]:
         if index not in self.encoded:
-            sentences = paragraph(index)
-            texts = ["\n\n" + sentences[0], *(" " + s for s in sentences[1:])]
-            self.encoded[index] = [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            self._prefetch(index, 1)
         return self.encoded[index]
+
+    def _prefetch(self, start: int, count: int) -> None:
+        """Tokenise the `count` paragraphs from `start` on in one call (a 128k-token haystack is ~1,500 of them)."""
+        indices = [i % PARAGRAPHS for i in range(start, start + count) if i % PARAGRAPHS not in self.encoded]
+        texts, owners = [], []
+        for index in indices:
+            sentences = paragraph(index)
+            texts += ["\n\n" + sentences[0], *(" " + s for s in sentences[1:])]
+            owners += [index] * len(sentences)
+        if not texts:
+            return
+        for index, ids in zip(owners, self.tokenizer(texts, add_special_tokens=False)["input_ids"], strict=True):
+            self.encoded.setdefault(index, []).append(list(ids))

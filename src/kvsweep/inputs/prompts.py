@@ -1,7 +1,7 @@
-"""A cell's text prompts, exactly `context_length` tokens each: passkey needles or the user's own prompts.
+"""A cell's text prompts, exactly `context_length` tokens each: the task suite's (`tasks/`) or the user's own.
 
 Prompt `i` depends only on the sweep's seed, the context length, `i` and the inputs settings, so every strategy
-of a (model, batch, context) pair gets the same prompts, and each batch row its own. A passkey needle goes at the
+of a (model, batch, context) pair gets the same prompts, and each batch row its own. A needle goes at the
 sentence boundary nearest its depth (`InputSpec.depths`), never spliced into a sentence. A file's record is split
 at its last blank line into body and question; a longer body is cut in the middle (its start and end stay), a
 shorter prompt filled in front; a record used a second time keeps no answer, so it is not counted twice.
@@ -10,44 +10,25 @@ shorter prompt filled in front; a record used a second time keeps no answer, so 
 import hashlib
 import json
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from kvsweep.inputs.filler import PARAGRAPHS
-from kvsweep.inputs.passkey import (
-    ANSWER_LEAD,
-    INTRO,
-    KEY_DIGITS,
-    QUESTION,
-    FillerStream,
-    Frame,
-    cut_middle,
-    encode,
-    frame,
-    needle,
-    random_key,
-)
-from kvsweep.inputs.spec import FILE, PASSKEY, InputSpec
+from kvsweep.inputs.passkey import FillerStream, Frame, cut_middle, encode, frame
+from kvsweep.inputs.prompt import Prompt
+from kvsweep.inputs.spec import FILE, InputSpec, suite_of
+from kvsweep.inputs.tasks.suite import minimum_contexts, task_prompts
 
 SEPARATOR = "\n\n"
-
-
-@dataclass(frozen=True)
-class Prompt:
-    ids: tuple[int, ...]
-    answer: str | None  # the key, the file's answer, or None (nothing to check)
-    depth: float | None  # passkey: where the needle sits
-    kind: str  # passkey or file
 
 
 def build_prompts(
     tokenizer: Any, kind: str, count: int, context_length: int, seed: int, spec: InputSpec
 ) -> list[Prompt]:
-    """The first `count` prompts of this context length, each `context_length` tokens long."""
+    """The first `count` prompts of this context length (of each task of a suite), each `context_length` tokens."""
     stream = FillerStream(tokenizer)
-    if kind == PASSKEY:
-        pieces = _PasskeyPieces(tokenizer, spec)
-        return [pieces.prompt(stream, i, context_length, seed) for i in range(count)]
+    tasks = suite_of(kind, spec)
+    if tasks:
+        return task_prompts(tokenizer, tasks, count, context_length, seed, spec.depths, spec.chat_template)
     if kind == FILE:
         return [_file_prompt(tokenizer, stream, spec, i, context_length, seed) for i in range(count)]
     raise ValueError(f"no text prompts for inputs {kind!r}")
@@ -63,9 +44,11 @@ def whole_prompt(tokenizer: Any, record: dict[str, Any], use_chat_template: bool
 
 
 def minimum_context(tokenizer: Any, kind: str, spec: InputSpec) -> int:
-    """The fewest tokens a prompt of this kind fits in: its frame and everything that is never cut."""
-    if kind == PASSKEY:
-        return _PasskeyPieces(tokenizer, spec).fixed(key="9" * KEY_DIGITS[1])
+    """The fewest tokens a prompt of this kind fits in: its frame and everything that is never cut (of a suite,
+    its longest task's)."""
+    tasks = suite_of(kind, spec)
+    if tasks:
+        return max(minimum_contexts(tokenizer, tasks, spec.chat_template).values())
     shortest = 0
     for record in spec.records:
         turns, text = _turns(record)
@@ -78,35 +61,6 @@ def prompts_sha256(prompts: list[Prompt]) -> str:
     """What the `inputs_sha256` param says: every prompt's tokens and expected answer."""
     payload = json.dumps([[list(p.ids), p.answer] for p in prompts], separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-class _PasskeyPieces:
-    """The fixed pieces of a passkey prompt, tokenised once per cell."""
-
-    def __init__(self, tokenizer: Any, spec: InputSpec) -> None:
-        self.tokenizer = tokenizer
-        self.spec = spec
-        self.frame = frame(tokenizer, spec.chat_template)
-        self.intro = encode(tokenizer, INTRO)  # the filler's first paragraph brings its blank line
-        self.question = encode(tokenizer, SEPARATOR + QUESTION)
-        # the answer's lead: the assistant's reply under a chat template, else the question's next sentence
-        self.lead = encode(tokenizer, ANSWER_LEAD if self.frame.tail else " " + ANSWER_LEAD)
-
-    def hidden(self, key: str) -> list[int]:
-        return encode(self.tokenizer, " " + needle(key))  # the next sentence brings its own space
-
-    def fixed(self, key: str) -> int:
-        return len(self.frame) + len(self.intro) + len(self.hidden(key)) + len(self.question) + len(self.lead)
-
-    def prompt(self, stream: FillerStream, index: int, context: int, seed: int) -> Prompt:
-        rng = random.Random(f"passkey:{seed}:{context}:{index}")
-        key = random_key(rng)
-        depth = self.spec.depths[index % len(self.spec.depths)]
-        budget = context - self.fixed(key)
-        filler, sentence_starts = stream.sentences(rng.randrange(PARAGRAPHS), budget)
-        at = min(sentence_starts, key=lambda start: abs(start - depth * budget))  # between sentences
-        body = self.intro + filler[:at] + self.hidden(key) + filler[at:] + self.question
-        return Prompt((*_framed(self.frame, body), *self.lead), key, depth, PASSKEY)
 
 
 def _file_prompt(tokenizer: Any, stream: FillerStream, spec: InputSpec, index: int, context: int, seed: int) -> Prompt:

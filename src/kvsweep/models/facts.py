@@ -33,6 +33,7 @@ class ModelFacts:
     layout: WeightLayout | None = None  # where the weights are, layer by layer; None: not known here
     prequantized: str | None = None  # the checkpoint's own weight quantization (`awq-int4`, `fp8`...); None: none
     gguf_type: str | None = None  # a GGUF file's quantization (`Q4_1`...), its weights dequantized as they load
+    stand_in: str = ""  # a Hub id planned offline: the bundled preset with its shapes whose facts these are
 
     @property
     def planned_parameters(self) -> int | None:

@@ -16,6 +16,7 @@ class Preset:
     model_type: str  # transformers config class key: llama, qwen2, qwen3, mistral, gemma3_text, gpt_oss
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # where the shapes come from
+    same_shapes: tuple[str, ...] = ()  # other Hub checkpoints with these shapes (instruct tunes, longer-context ones)
 
     def parameters(self) -> int:
         """Exact parameter count of the decoder families the presets use (llama, qwen2, qwen3, mistral,
@@ -136,6 +137,7 @@ PRESETS: dict[str, Preset] = {
                 use_sliding_window=False,
             ),
             "Qwen/Qwen2.5-7B",
+            ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B-Instruct-1M"),
         ),
         Preset(
             "llama-3.1-8b",
@@ -153,6 +155,7 @@ PRESETS: dict[str, Preset] = {
                 tie_word_embeddings=False,
             ),
             "meta-llama/Llama-3.1-8B",
+            ("meta-llama/Llama-3.1-8B-Instruct",),
         ),
         Preset(
             "llama-3.1-70b",
@@ -273,3 +276,9 @@ PRESETS: dict[str, Preset] = {
 def shape_only_tags(model: str) -> dict[str, str]:
     """Random-weight presets measure shapes; their quality numbers say little about trained weights."""
     return {ResultTag.SHAPE_ONLY: str(model in PRESETS).lower()}  # presets win over paths (models.resolve)
+
+
+def preset_for_hub(repo_id: str) -> Preset | None:
+    """The bundled preset with a Hub checkpoint's shapes (its source or one of the same shapes), None if none:
+    what a plan made where the Hub is not reachable reads instead of the checkpoint's config."""
+    return next((p for p in PRESETS.values() if repo_id == p.source or repo_id in p.same_shapes), None)

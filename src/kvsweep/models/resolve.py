@@ -5,6 +5,7 @@ before Ray starts (to choose what each model is fed); a cell calls `load_tokeniz
 imported inside the functions: a sweep of bundled presets never pays for importing it in the driver."""
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,15 @@ def cached_model(reference: str, cache_dir: str | None = None) -> Path | None:
 
 PRESET_HAS_NONE = "a bundled preset has random weights and no tokenizer"
 REASON_CHARS = 200
+
+
+UNREACHABLE = ("couldn't connect", "offline mode", "offline_mode", "connection", "max retries", "name resolution")
+
+
+def hub_unreachable(message: str) -> bool:
+    """Whether a Hub lookup failed for want of the Hub here (offline mode, no connection), not for a wrong id."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    return offline or any(part in message.lower() for part in UNREACHABLE)
 
 
 def load_tokenizer(ref: ModelRef, trust_remote_code: bool) -> Any:

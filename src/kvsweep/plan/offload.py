@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from kvsweep.caches import CacheStrategy
 from kvsweep.caches.layer_tokens import kept_tokens, offloads, token_bytes, windows
 from kvsweep.grid import Cell, MeasureProtocol
-from kvsweep.inputs.spec import RANDOM
+from kvsweep.inputs.spec import RANDOM, kind_of, suite_of
 from kvsweep.models.shape import KvShape
 from kvsweep.plan.kv_prediction import decode_kv_traffic
 from kvsweep.units import GB
@@ -60,12 +60,13 @@ class CallCount:
 
 
 def task_calls(cell: Cell, protocol: MeasureProtocol) -> int:
-    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts (none
-    in a workload cell: a prompts file's answers are scored on the replay's own output)."""
+    """Calls a cell makes to answer its task prompts: whole batches of at least `quality_trials` prompts of each
+    task it runs (none in a workload cell: a prompts file's answers are scored on the replay's own output)."""
     trials = protocol.inputs.quality_trials
     if cell.inputs == RANDOM or trials <= 0 or cell.is_workload:
         return 0
-    return math.ceil(trials / cell.batch_size)
+    tasks = len(suite_of(kind_of(cell.inputs), protocol.inputs)) or 1  # a prompts file is one task
+    return tasks * math.ceil(trials / cell.batch_size)
 
 
 def most_kept(protocol: MeasureProtocol, call_s: float) -> int:

@@ -1,15 +1,16 @@
 """Planning a whole sweep before anything runs: model facts, each cell's plan, the dry run."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.errors import ConfigError
 from kvsweep.forecast.gpu_datasheet import gpu_by_key
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, MeasureProtocol, expand_grid
-from kvsweep.inputs.spec import InputSpec
+from kvsweep.inputs.spec import AUTO, TASKS, InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.gguf_source import gguf_weights_problem, is_gguf
-from kvsweep.models.resolve import classify
+from kvsweep.models.presets import preset_for_hub
+from kvsweep.models.resolve import classify, hub_unreachable
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, detect_device_bytes
@@ -33,6 +34,11 @@ def model_facts(
             facts[model] = read_facts(classify(model), trust_remote_code)
         except Exception as exc:  # a typo'd preset, a missing folder, an unreachable Hub
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            stand_in = preset_for_hub(model) if classify(model).kind == "hub" and hub_unreachable(first) else None
+            if stand_in is not None:  # planned from the same shapes; the nodes fetch the checkpoint itself
+                preset_facts = read_facts(classify(stand_in.name), trust_remote_code)
+                facts[model] = replace(preset_facts, stand_in=stand_in.name)
+                continue
             problems[model] = (
                 f"model {model!r}: {first[:300]}"  # a GGUF file's reading says what is wrong with it
                 if is_gguf(model)
@@ -201,7 +207,8 @@ def predicted_metrics(planned: PlannedCell) -> dict[str, float]:
 
 def inputs_spec(cfg: KvSweepConfig) -> InputSpec:
     """The inputs settings without a prompts file (the file is read, once, by `driver/inputs_choice.py`)."""
-    return InputSpec(tuple(cfg.inputs.depths), cfg.inputs.chat_template, cfg.measure.quality_trials)
+    suite = tuple(cfg.inputs.tasks) if cfg.inputs.source in (AUTO, TASKS) else ()
+    return InputSpec(tuple(cfg.inputs.depths), cfg.inputs.chat_template, cfg.measure.quality_trials, tasks=suite)
 
 
 def protocol_of(

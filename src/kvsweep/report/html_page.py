@@ -13,6 +13,8 @@ from kvsweep.report.capacity_report import CapacitySection
 from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
 from kvsweep.report.selection import Decision
 from kvsweep.report.table import Listing
+from kvsweep.report.task_table import INTRO as TASK_TABLE_INTRO
+from kvsweep.report.task_table import TaskTable, task_tables
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 from kvsweep.report.workload_report import WorkloadSection
@@ -69,13 +71,14 @@ def _capacity(section: CapacitySection) -> list[str]:
     return parts
 
 
-def _weights_kv(tables: Sequence[WeightsKvTable]) -> list[str]:
+def _titled_tables(heading: str, intro: str, tables: Sequence[TaskTable | WeightsKvTable], ids: str) -> list[str]:
+    """A section of titled tables (the table ids `<ids>-0`, `-1`...); none without any."""
     if not tables:
         return []
-    parts = ["<h2>Weights x KV cache</h2>", f'<p class="muted">{html.escape(WEIGHTS_KV_INTRO)}</p>']
+    parts = [f'<h2 id="{ids}">{html.escape(heading)}</h2>', f'<p class="muted">{html.escape(intro)}</p>']
     for i, t in enumerate(tables):
         rows: list[list[TableCell]] = [list(row) for row in t.rows]
-        parts += [f"<h3>{html.escape(t.title)}</h3>", html_table(t.header, rows, f"weights-kv-{i}")]
+        parts += [f"<h3>{html.escape(t.title)}</h3>", html_table(t.header, rows, f"{ids}-{i}")]
     return parts
 
 
@@ -128,7 +131,8 @@ def render_page(
         listed,
         "<h2>Evidence</h2>",
         html_table(*evidence_rows(decisions, links), "evidence") if decisions else "",
-        *_weights_kv(weights_kv),
+        *_titled_tables("Task quality", TASK_TABLE_INTRO, task_tables(decisions), "task-quality"),
+        *_titled_tables("Weights x KV cache", WEIGHTS_KV_INTRO, weights_kv, "weights-kv"),
         *(_workloads(workloads) if workloads else []),
         "<h2>Plots</h2>",
         *(f"<h3>{html.escape(p.stem)}</h3>{inline_image(p)}" for p in plots),

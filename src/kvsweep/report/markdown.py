@@ -10,10 +10,12 @@ from kvsweep.report.quality_gate import (
     MAX_REFERENCE_WIDTH,
     MIN_REFERENCE_ACCURACY,
     depth_accuracies,
-    task_accuracy,
+    task_accuracies,
 )
 from kvsweep.report.selection import MEMORY_LABELS, OBJECTIVE_WORDS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.report.table import Listing
+from kvsweep.report.task_table import INTRO as TASK_TABLE_INTRO
+from kvsweep.report.task_table import TaskTable, task_tables
 from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 from kvsweep.report.workload_report import WorkloadSection
@@ -114,21 +116,30 @@ def _pick_notes(decision: Decision) -> list[str]:
     if decision.tied:
         tied = ", ".join(e.label for e in decision.tied)
         why = [f"tied within noise: {tied} ({decision.tie_test}); {TIE_RULE}"]
-    task = decision.pick.gate.task
-    quality = [f"{task.mine.task} {task.mine.text()} vs dynamic {task.dynamic.text()}: {task.verdict}"] if task else []
-    if task is not None:
+    tasks = decision.pick.gate.tasks
+    if len(tasks) == 1:
+        task = tasks[0]
+        quality = [f"{task.mine.task} {task.mine.text()} vs dynamic {task.dynamic.text()}: {task.verdict}"]
         quality[0] += f" ({task.paired.text() if task.paired else task.test})"
+    else:
+        quality = (
+            ["; ".join(f"{t.mine.task} {t.mine.value:.2f} vs {t.dynamic.value:.2f}: {t.verdict}" for t in tasks)]
+            if tasks
+            else []
+        )
     return why + ([cost_text(decision.pick)] if decision.pick.deltas else []) + quality
 
 
 def task_text(entry: Entry) -> str:
-    """'passkey 0.94 [0.70-1.00] (depth 10: 1.00, 50: 0.88, 90: 0.94)': the accuracy, its interval, per depth."""
-    accuracy = task_accuracy(entry.result.metrics) if entry.status == "ok" else None
-    if accuracy is None:
+    """'passkey 0.94 [0.70-1.00] (depth 10: 1.00, 50: 0.88, 90: 0.94)': each task's accuracy and interval, passkey's
+    per depth ('; ' between the tasks of a suite)."""
+    accuracies = task_accuracies(entry.result.metrics) if entry.status == "ok" else []
+    if not accuracies:
         return "-"
     depths = depth_accuracies(entry.result.metrics)
     by_depth = f" (depth {', '.join(f'{d}: {v:.2f}' for d, v in depths)})" if len(depths) > 1 else ""
-    return f"{accuracy.task} {accuracy.text()}{by_depth}"
+    texts = [f"{a.task} {a.text()}{by_depth if a.metric == Metric.PASSKEY_ACCURACY else ''}" for a in accuracies]
+    return "; ".join(texts)
 
 
 def _task_cell(entry: Entry, links: dict[str, str]) -> TableCell:
@@ -138,10 +149,11 @@ def _task_cell(entry: Entry, links: dict[str, str]) -> TableCell:
 
 
 def verdict_text(entry: Entry) -> str:
-    """The task verdict against dynamic: ok, loss, undecided; 'baseline' for dynamic's own cell."""
-    if entry.gate.task is not None:
-        return entry.gate.task.verdict
-    if entry.label == BASELINE and entry.status == "ok" and task_accuracy(entry.result.metrics) is not None:
+    """The task verdict against dynamic (of a suite, the worst task's): ok, loss, undecided; 'baseline' for
+    dynamic's own cell."""
+    if entry.gate.worst:
+        return entry.gate.worst
+    if entry.label == BASELINE and entry.status == "ok" and task_accuracies(entry.result.metrics):
         return "baseline"
     return "-"
 
@@ -262,6 +274,7 @@ def selection_markdown(
             listed,
             "## Evidence",
             table(*evidence_rows(decisions, links)),
+            *task_quality_markdown(task_tables(decisions)),
             *weights_kv_markdown(weights_kv),
             *(workload_markdown(workloads) if workloads else []),
             "",
@@ -280,11 +293,21 @@ def workload_markdown(section: WorkloadSection) -> list[str]:
     return blocks
 
 
+def task_quality_markdown(tables: Sequence[TaskTable]) -> list[str]:
+    """The task quality section's blocks: a task x context table per model; none without a task."""
+    return titled_tables_markdown("Task quality", TASK_TABLE_INTRO, tables)
+
+
 def weights_kv_markdown(tables: Sequence[WeightsKvTable]) -> list[str]:
     """The weights x KV cache section's blocks; none without tables."""
+    return titled_tables_markdown("Weights x KV cache", WEIGHTS_KV_INTRO, tables)
+
+
+def titled_tables_markdown(heading: str, intro: str, tables: Sequence[TaskTable | WeightsKvTable]) -> list[str]:
+    """A section of titled tables: its heading, how to read them, each table under its title; none without any."""
     if not tables:
         return []
-    blocks = ["## Weights x KV cache", WEIGHTS_KV_INTRO]
+    blocks = [f"## {heading}", intro]
     for t in tables:
         blocks += [f"### {_escape(t.title)}", table(t.header, [list(row) for row in t.rows])]
     return blocks

@@ -91,11 +91,13 @@ def _trial_key(trial: dict[str, Any]) -> tuple:
     return (trial.get("kind"), trial.get("prompt_index"), trial.get("seed"), str(trial.get("expected")))
 
 
-def paired_trials(mine: CellResult, reference: CellResult) -> PairedAccuracy | None:
-    """McNemar's test on the trials both cells answered; None when either kept no trials or they share none
-    (a report rebuilt from MLflow: the independent intervals decide then)."""
-    theirs = {_trial_key(t): bool(t.get("correct")) for t in reference.trials}
-    pairs = [(bool(t.get("correct")), theirs[_trial_key(t)]) for t in mine.trials if _trial_key(t) in theirs]
-    if not pairs or len(pairs) != len(mine.trials) or len(pairs) != len(reference.trials):
+def paired_trials(mine: CellResult, reference: CellResult, task: str | None = None) -> PairedAccuracy | None:
+    """McNemar's test on the trials of `task` (a trial's `kind`; None: all of them) both cells answered; None when
+    either kept no such trials or they do not share them all (a report rebuilt from MLflow: the independent
+    intervals decide then)."""
+    ours = [t for t in mine.trials if task is None or t.get("kind") == task]
+    theirs = {_trial_key(t): bool(t.get("correct")) for t in reference.trials if task is None or t.get("kind") == task}
+    pairs = [(bool(t.get("correct")), theirs[_trial_key(t)]) for t in ours if _trial_key(t) in theirs]
+    if not pairs or len(pairs) != len(ours) or len(pairs) != len(theirs):
         return None
     return paired_accuracy([a for a, _ in pairs], [b for _, b in pairs])

@@ -10,7 +10,7 @@ import csv
 import io
 from dataclasses import dataclass
 
-from kvsweep.report.quality_gate import task_accuracy
+from kvsweep.report.quality_gate import quality_score
 from kvsweep.report.selection import Decision, Entry
 
 HEADER = [
@@ -46,8 +46,8 @@ def points(decision: Decision) -> list[FrontPoint]:
     found = []
     for e in decision.entries:
         if e.eligible and e.speed is not None and e.memory is not None:
-            accuracy = task_accuracy(e.result.metrics)
-            found.append(FrontPoint(e, e.speed, e.memory, accuracy.value if accuracy else None))
+            score = quality_score(e.result.metrics)
+            found.append(FrontPoint(e, e.speed, e.memory, score[1] if score else None))
     return found
 
 
@@ -79,7 +79,7 @@ def pareto_csv(decisions: list[Decision]) -> str:
     for decision in decisions:
         on_front = {id(p.entry) for p in front(decision)}
         for p in points(decision):
-            accuracy = task_accuracy(p.entry.result.metrics)
+            score = quality_score(p.entry.result.metrics)
             writer.writerow(
                 [
                     decision.label,
@@ -88,7 +88,7 @@ def pareto_csv(decisions: list[Decision]) -> str:
                     f"{p.latency:.6g}",
                     decision.memory_basis,
                     f"{p.memory:.0f}",
-                    accuracy.metric if accuracy else "",
+                    score[0] if score else "",
                     "" if p.quality is None else f"{p.quality:.6g}",
                     str(id(p.entry) in on_front).lower(),
                     str(p.entry is decision.pick).lower(),

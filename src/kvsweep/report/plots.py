@@ -16,9 +16,9 @@ from matplotlib.transforms import blended_transform_factory
 
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names, file_stem
-from kvsweep.names import ACCURACIES, Metric, ResultTag, ci_high, ci_low
+from kvsweep.names import Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
-from kvsweep.report.quality_gate import TASK_NAMES
+from kvsweep.report.quality_gate import task_accuracies
 from kvsweep.report.selection import memory_basis
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
@@ -90,12 +90,19 @@ def _quality_figure(
     """Task accuracy (error bars: exact 95% interval) and KL from dynamic against context; None without either,
     and None for random weights (a preset's KL says nothing about a trained model's)."""
     trained = [r for r in results if r.tags.get(ResultTag.SHAPE_ONLY) != "true"]
-    metrics = [m for m in (*ACCURACIES, Metric.KL_DIVERGENCE) if any(_has(r, m) for r in trained)]
+    accuracies = {a.metric: a for r in trained for a in task_accuracies(r.metrics)}  # every task, suite order
+    metrics = [*accuracies, *([Metric.KL_DIVERGENCE] if any(_has(r, Metric.KL_DIVERGENCE) for r in trained) else [])]
     if not metrics:
         return None
     _, dtype, batch, new, _ = key
-    figure = Figure(figsize=(7 * len(metrics), 5.5), layout="constrained")
-    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
+    columns = min(len(metrics), QUALITY_COLUMNS)
+    rows = -(-len(metrics) // columns)
+    figure = Figure(figsize=(7 * columns, 5.5 * rows), layout="constrained")
+    grid = figure.subplots(rows, columns, squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for spare in axes[len(metrics) :]:
+        spare.set_visible(False)
+    axes = axes[: len(metrics)]
     figure.suptitle(f"{model_name}  {dtype}  batch {batch}  {new} new tokens: quality against dynamic", fontsize=13)
     series = _series(results)
     contexts = sorted({int(r.cell.context_length) for r in results})
@@ -107,10 +114,13 @@ def _quality_figure(
             _context_axis(ax, contexts, "mean teacher-forced KL from dynamic (nats)")
             _kl_limit(ax, max_kl)
         else:
-            _context_axis(ax, contexts, f"{TASK_NAMES[metric]} accuracy (bars: exact 95% interval)")
+            _context_axis(ax, contexts, f"{accuracies[metric].task} accuracy (bars: exact 95% interval)")
             ax.set_ylim(-0.03, 1.05)
         ax.legend(fontsize=8, loc="best")
     return figure
+
+
+QUALITY_COLUMNS = 4  # panels a row of the quality figure (a suite's tasks and the KL)
 
 
 def _kl_limit(ax: Axes, max_kl: float | None) -> None:

@@ -1,8 +1,10 @@
-"""Does a strategy still do the job? Its task accuracy against dynamic's, its KL from dynamic, and flags.
+"""Does a strategy still do the job? Each task's accuracy against dynamic's, its KL from dynamic, and flags.
 
 The rules and their reasons are in docs/report.md ("Quality"). In short: dynamic's cell of the same group (model,
-dtype, batch, context) is the reference, and its task is *informative* when dynamic scores at least
-`MIN_REFERENCE_ACCURACY` with an interval no wider than `MAX_REFERENCE_WIDTH`. There the task decides alone:
+dtype, batch, context) is the reference, and each task (the suite's, `inputs.tasks`, or a prompts file's answers)
+is *informative* when dynamic scores at least `MIN_REFERENCE_ACCURACY` on it with an interval no wider than
+`MAX_REFERENCE_WIDTH`; a task dynamic cannot do at that length gates nothing. Where one is informative, the
+informative tasks decide alone, each on its own, and a loss on any refuses the strategy:
 *ok* within the allowed drop, *loss* beyond it when the drop is significant, *undecided* otherwise (refused too, as
 a few dozen prompts cannot tell that drop from luck). Both cells answered the very same trials, so significance is
 McNemar's exact test on the trials they disagree on (`measure/paired.py`); only where the trials are not at hand
@@ -18,14 +20,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvsweep.inputs.spec import FILE
+from kvsweep.inputs.tasks.suite import TASKS
 from kvsweep.measure.paired import PairedAccuracy
-from kvsweep.names import ACCURACIES, PASSKEY_DEPTH_PREFIX, Metric, ResultTag, ci_high, ci_low
+from kvsweep.names import PASSKEY_DEPTH_PREFIX, Metric, ResultTag, ci_high, ci_low, task_of_metric
 from kvsweep.report.paired_verdicts import paired_trials
 from kvsweep.results import CellResult
 
 OK_VERDICT, LOSS, UNDECIDED = "ok", "loss", "undecided"
 LOSS_TAG_VALUES = {OK_VERDICT: "false", LOSS: "true", UNDECIDED: "undecided"}
-TASK_NAMES = {Metric.PASSKEY_ACCURACY: "passkey", Metric.ANSWER_ACCURACY: "answers"}
+SUITE_ORDER = tuple(TASKS)
 # Shares are counts over trials and the limit a decimal: 0.90 - 0.85 is 0.05000000000000004 in floats.
 SHARE_TOLERANCE = 1e-9
 UNDECIDED_ADVICE = "undecided, run more measure.quality_trials"
@@ -49,8 +53,17 @@ class Accuracy:
     high: float
 
     @property
+    def trial_kind(self) -> str:
+        """The `kind` its trials carry in task.jsonl: the task's name, or `file` for a prompts file's answers."""
+        return FILE if self.metric == Metric.ANSWER_ACCURACY else task_of_metric(self.metric) or self.metric
+
+    @property
     def task(self) -> str:
-        return TASK_NAMES.get(self.metric, self.metric)
+        """As the report names it: 'passkey', 'multi-key NIAH', 'answers'."""
+        if self.metric == Metric.ANSWER_ACCURACY:
+            return "answers"
+        name = task_of_metric(self.metric) or self.metric
+        return TASKS[name].title if name in TASKS else name
 
     def text(self) -> str:
         """'0.31 [0.11-0.59]'."""
@@ -87,42 +100,78 @@ class TaskVerdict:
 
 @dataclass(frozen=True)
 class TaskStanding:
-    """Whether the group's task can judge its caches: informative, uninformative (and why), or none."""
+    """Whether the group's tasks can judge its caches: informative, uninformative (and why), or none; with several
+    tasks, which are which."""
 
-    kind: str = NO_TASK  # informative | uninformative | none
+    kind: str = NO_TASK  # informative (one task at least) | uninformative (none is) | none
     why: str = ""  # uninformative: 'passkey uninformative at ctx 2048: dynamic 0.31 [0.11-0.59]'
+    informative: tuple[str, ...] = ()  # the tasks that judge, by metric
+    uninformative: tuple[tuple[str, str], ...] = ()  # (metric, why) of those that cannot
 
     def tag(self) -> str:
-        """The `kvsweep.task` tag's value."""
-        return f"{UNINFORMATIVE}: {self.why}" if self.kind == UNINFORMATIVE else self.kind
+        """The `kvsweep.task` tag's value: 'informative', 'uninformative: why', or with several tasks
+        'informative: niah_single, vt; uninformative: cwe (dynamic 0.31 [0.11-0.59])'."""
+        if len(self.informative) + len(self.uninformative) <= 1:
+            return f"{UNINFORMATIVE}: {self.why}" if self.kind == UNINFORMATIVE else self.kind
+        parts = []
+        if self.informative:
+            parts.append(f"{INFORMATIVE}: {', '.join(_short(m) for m in self.informative)}")
+        if self.uninformative:
+            parts.append(f"{UNINFORMATIVE}: {', '.join(f'{_short(m)} ({why})' for m, why in self.uninformative)}")
+        return "; ".join(parts)
+
+
+def _short(metric: str) -> str:
+    return "answers" if metric == Metric.ANSWER_ACCURACY else task_of_metric(metric) or metric
 
 
 def task_standing(result: CellResult, dynamic: CellResult | None) -> TaskStanding:
-    """none without a task; uninformative when dynamic (the reference) is missing, answered another task, or
-    scores below `MIN_REFERENCE_ACCURACY` or with an interval wider than `MAX_REFERENCE_WIDTH`."""
-    mine = task_accuracy(result.metrics)
-    if mine is None:
+    """none without a task; per task, uninformative when dynamic (the reference) is missing, answered no such task,
+    or scores below `MIN_REFERENCE_ACCURACY` or with an interval wider than `MAX_REFERENCE_WIDTH`; informative
+    when one task at least is."""
+    mine = task_accuracies(result.metrics)
+    if not mine:
         return TaskStanding()
     context = int(result.cell.context_length)
-    if dynamic is None:
-        return TaskStanding(UNINFORMATIVE, f"{mine.task} unjudged at ctx {context}: no dynamic cell ran")
-    theirs = task_accuracy(dynamic.metrics)
-    if theirs is None or theirs.metric != mine.metric:
-        return TaskStanding(UNINFORMATIVE, f"{mine.task} unjudged at ctx {context}: dynamic answered no such task")
-    width = theirs.high - theirs.low
-    if theirs.value < MIN_REFERENCE_ACCURACY - SHARE_TOLERANCE or width > MAX_REFERENCE_WIDTH + SHARE_TOLERANCE:
-        return TaskStanding(UNINFORMATIVE, f"{mine.task} uninformative at ctx {context}: dynamic {theirs.text()}")
-    return TaskStanding(INFORMATIVE)
+    theirs = {a.metric: a for a in task_accuracies(dynamic.metrics)} if dynamic is not None else {}
+    informative, uninformative = [], []
+    for accuracy in mine:
+        reference = theirs.get(accuracy.metric)
+        if dynamic is None:
+            why = f"{accuracy.task} unjudged at ctx {context}: no dynamic cell ran"
+        elif reference is None:
+            why = f"{accuracy.task} unjudged at ctx {context}: dynamic answered no such task"
+        elif (
+            reference.value < MIN_REFERENCE_ACCURACY - SHARE_TOLERANCE
+            or reference.high - reference.low > MAX_REFERENCE_WIDTH + SHARE_TOLERANCE
+        ):
+            why = f"{accuracy.task} uninformative at ctx {context}: dynamic {reference.text()}"
+        else:
+            informative.append(accuracy.metric)
+            continue
+        uninformative.append((accuracy.metric, why))
+    if informative:
+        return TaskStanding(INFORMATIVE, "", tuple(informative), tuple(uninformative))
+    return TaskStanding(UNINFORMATIVE, "; ".join(why for _, why in uninformative), (), tuple(uninformative))
 
 
 @dataclass(frozen=True)
 class Gate:
     """What quality says about one cell that ran: its task verdict, why it may not be picked, what to flag."""
 
-    task: TaskVerdict | None = None
+    tasks: tuple[TaskVerdict, ...] = ()  # one verdict per informative task, in the suite's order
     refusals: tuple[str, ...] = ()  # any of them keeps the strategy from being picked
     flags: tuple[str, ...] = ()  # reported, never deciding
-    standing: TaskStanding = TaskStanding()  # whether the task could judge this cell
+    standing: TaskStanding = TaskStanding()  # whether the tasks could judge this cell
+
+    @property
+    def task(self) -> TaskVerdict | None:
+        """The verdict the line repeats: the first task that refused the strategy, else the first that judged."""
+        return (
+            next((t for t in self.tasks if t.verdict == LOSS), None)
+            or next((t for t in self.tasks if t.verdict == UNDECIDED), None)
+            or next(iter(self.tasks), None)
+        )
 
     @property
     def refused(self) -> bool:
@@ -139,20 +188,49 @@ class Gate:
             return ""
         return REFUSED_ADVICE if self.task is None or self.task.verdict == LOSS else ""
 
+    @property
+    def worst(self) -> str:
+        """loss if any task lost, undecided if any could not tell, ok otherwise ('' without a verdict)."""
+        verdicts = {t.verdict for t in self.tasks}
+        return next((v for v in (LOSS, UNDECIDED, OK_VERDICT) if v in verdicts), "")
+
 
 def _finite(metrics: Mapping[str, float], name: str) -> float | None:
     value = metrics.get(name)
     return None if value is None or not math.isfinite(value) else float(value)
 
 
+def task_accuracies(metrics: Mapping[str, float]) -> list[Accuracy]:
+    """Every task accuracy a cell has (the suite's tasks, in the suite's order; a prompts file's answers)."""
+    found = []
+    for metric in metrics:
+        if metric == Metric.ANSWER_ACCURACY or task_of_metric(metric) is not None:
+            value = _finite(metrics, metric)
+            if value is not None:
+                low, high = _finite(metrics, ci_low(metric)), _finite(metrics, ci_high(metric))
+                found.append(Accuracy(metric, value, value if low is None else low, value if high is None else high))
+    return sorted(found, key=lambda a: _order(a.metric))
+
+
+def _order(metric: str) -> tuple[int, str]:
+    task = task_of_metric(metric)
+    return (SUITE_ORDER.index(task), metric) if task in SUITE_ORDER else (len(SUITE_ORDER), metric)
+
+
+def quality_score(metrics: Mapping[str, float]) -> tuple[str, float] | None:
+    """One number for a cell's task quality, and what it is: its one accuracy (`passkey_accuracy`), or the mean
+    of its suite's ('mean of 4 tasks'); None without a task. For a front or a column; the gate judges each task."""
+    accuracies = task_accuracies(metrics)
+    if not accuracies:
+        return None
+    if len(accuracies) == 1:
+        return accuracies[0].metric, accuracies[0].value
+    return f"mean of {len(accuracies)} tasks", sum(a.value for a in accuracies) / len(accuracies)
+
+
 def task_accuracy(metrics: Mapping[str, float]) -> Accuracy | None:
-    """The cell's task accuracy (passkey or a prompts file's answers), None when it answered no task."""
-    for metric in ACCURACIES:
-        value = _finite(metrics, metric)
-        if value is not None:
-            low, high = _finite(metrics, ci_low(metric)), _finite(metrics, ci_high(metric))
-            return Accuracy(metric, value, value if low is None else low, value if high is None else high)
-    return None
+    """The cell's first task accuracy (its only one, unless it ran a suite), None when it answered no task."""
+    return next(iter(task_accuracies(metrics)), None)
 
 
 def depth_accuracies(metrics: Mapping[str, float]) -> list[tuple[int, float]]:
@@ -165,17 +243,22 @@ def depth_accuracies(metrics: Mapping[str, float]) -> list[tuple[int, float]]:
     return sorted(depths)
 
 
-def task_verdict(result: CellResult, dynamic: CellResult | None, max_accuracy_drop: float) -> TaskVerdict | None:
-    """ok within the drop; loss when further below and the drop is significant (McNemar on the paired trials, or
-    without them the two intervals apart); undecided otherwise.
+def task_verdict(
+    result: CellResult, dynamic: CellResult | None, max_accuracy_drop: float, metric: str | None = None
+) -> TaskVerdict | None:
+    """On the task of `metric` (None: the cell's first): ok within the drop; loss when further below and the drop
+    is significant (McNemar on that task's paired trials, or without them the two intervals apart); undecided
+    otherwise.
 
-    None without a dynamic cell, without an accuracy on either, or when they answered different tasks."""
+    None without a dynamic cell, or without that accuracy on either."""
     if dynamic is None or result is dynamic:
         return None
-    mine, theirs = task_accuracy(result.metrics), task_accuracy(dynamic.metrics)
-    if mine is None or theirs is None or mine.metric != theirs.metric:
+    metric = metric or next((a.metric for a in task_accuracies(result.metrics)), None)
+    mine = next((a for a in task_accuracies(result.metrics) if a.metric == metric), None)
+    theirs = next((a for a in task_accuracies(dynamic.metrics) if a.metric == metric), None)
+    if mine is None or theirs is None:
         return None
-    paired = paired_trials(result, dynamic)
+    paired = paired_trials(result, dynamic, mine.trial_kind)
     drop = paired.drop if paired is not None else theirs.value - mine.value
     significant = paired.high < 0 if paired is not None else mine.high < theirs.low
     if drop <= max_accuracy_drop + SHARE_TOLERANCE:
@@ -217,20 +300,21 @@ def judge(
     standing = task_standing(result, dynamic)
     if shape_only:
         return Gate(flags=(*([kl] if kl else []), *flags, SHAPE_ONLY_FLAG), standing=standing)
+    uninformative = [why for _, why in standing.uninformative] if result is not dynamic else []
     if standing.kind == INFORMATIVE:
-        task = task_verdict(result, dynamic, max_accuracy_drop)
-        reason = task.reason() if task else ""
-        # the task decides; a KL over the limit is shown beside a kept task, never refusing alone
-        kl_flag = [f"{kl}, task kept"] if kl and task is not None and not reason else []
-        return Gate(task, (reason,) if reason else (), (*kl_flag, *flags), standing)
-    uninformative = [standing.why] if standing.kind == UNINFORMATIVE and result is not dynamic else []
-    return Gate(None, (kl,) if kl else (), (*uninformative, *flags), standing)
+        verdicts = [task_verdict(result, dynamic, max_accuracy_drop, metric) for metric in standing.informative]
+        tasks = tuple(v for v in verdicts if v is not None)
+        reasons = tuple(reason for t in tasks if (reason := t.reason()))
+        # the tasks decide; a KL over the limit is shown beside kept tasks, never refusing alone
+        kl_flag = [f"{kl}, task{'s' * (len(tasks) > 1)} kept"] if kl and tasks and not reasons else []
+        return Gate(tasks, reasons, (*kl_flag, *uninformative, *flags), standing)
+    return Gate((), (kl,) if kl else (), (*uninformative, *flags), standing)
 
 
 def gate_tags(gate: Gate) -> dict[str, str]:
     """`kvsweep.task` (informative, uninformative: why, none) and `kvsweep.quality_loss`: true (loss),
     undecided, false (ok), the latter only with a task verdict."""
     tags = {ResultTag.TASK: gate.standing.tag()}
-    if gate.task is not None:
-        tags[ResultTag.QUALITY_LOSS] = LOSS_TAG_VALUES[gate.task.verdict]
+    if gate.worst:
+        tags[ResultTag.QUALITY_LOSS] = LOSS_TAG_VALUES[gate.worst]
     return tags

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from kvsweep.caches import cache_rank
 from kvsweep.grid import CELL_FIELDS, cell_label, serving_label, strategy_label
 from kvsweep.model_names import display_names
-from kvsweep.names import Metric, ResultTag, with_interval
+from kvsweep.names import Metric, ResultTag, task_of_metric, task_partial_metric, task_trials_metric, with_interval
+from kvsweep.report.quality_gate import quality_score, task_accuracies
 from kvsweep.report.selection import Decision
 from kvsweep.results import CellResult
 from kvsweep.units import MIB
@@ -42,7 +43,9 @@ CSV_METRICS = (
 def results_csv(results: Iterable[CellResult]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", "contended", "contention", *CSV_METRICS])
+    results = list(results)
+    metrics = [*CSV_METRICS, *_suite_columns(results)]
+    writer.writerow(["cell_id", *CELL_FIELDS, "status", "error", "contended", "contention", *metrics])
     for r in results:
         writer.writerow(
             [
@@ -52,10 +55,21 @@ def results_csv(results: Iterable[CellResult]) -> str:
                 r.error,
                 r.tags.get(ResultTag.CONTENDED, "unknown"),
                 r.tags.get(ResultTag.CONTENTION, ""),
-                *(r.metrics.get(m, "") for m in CSV_METRICS),
+                *(r.metrics.get(m, "") for m in metrics),
             ]
         )
     return out.getvalue()
+
+
+def _suite_columns(results: list[CellResult]) -> list[str]:
+    """The suite tasks' columns of the cells that ran them (each task's accuracy, interval, trials, partial)."""
+    columns: list[str] = []
+    for accuracy in {a.metric: a for r in results for a in task_accuracies(r.metrics)}.values():
+        task = task_of_metric(accuracy.metric)
+        if accuracy.metric in CSV_METRICS or task is None:
+            continue
+        columns += [*with_interval(accuracy.metric), task_trials_metric(task), task_partial_metric(task)]
+    return columns
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -97,7 +111,7 @@ def _row(r: CellResult, model_name: str) -> list[str]:
         _fmt(m.get(Metric.KV_CACHE_BYTES_DENSE), MIB, 2),
         _fmt(peak, MIB, 0),
         _fmt(m.get(Metric.TOKEN_AGREEMENT), digits=2),
-        _fmt(m.get(Metric.PASSKEY_ACCURACY, m.get(Metric.ANSWER_ACCURACY)), digits=2),
+        _fmt(score[1] if (score := quality_score(m)) else None, digits=2),
     ]
 
 

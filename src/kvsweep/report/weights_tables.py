@@ -21,7 +21,8 @@ from kvsweep.caches import BASELINE, get_strategy
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.model_names import display_names
 from kvsweep.models.gguf_source import GGUF_FILE, GGUF_ORIGIN, GGUF_TYPE, WEIGHTS_ORIGIN
-from kvsweep.names import ACCURACIES, Metric
+from kvsweep.names import Metric
+from kvsweep.report.quality_gate import task_accuracies
 from kvsweep.report.selection import Decision
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
@@ -92,9 +93,7 @@ def _cell_text(result: CellResult | None, baseline: CellResult | None) -> str:
         parts.append(f"{tpot:.2f} ms/token{_ratio(tpot, baseline and baseline.metrics.get(Metric.TPOT_MS))}")
     if memory is not None:
         parts.append(f"{memory / MIB:.0f} MiB{_ratio(memory, baseline and memory_of(baseline))}")
-    for name in ACCURACIES:
-        if name in result.metrics:
-            parts.append(f"{name.removesuffix('_accuracy')} {result.metrics[name]:.2f}")
+    parts += [f"{accuracy.task} {accuracy.value:.2f}" for accuracy in task_accuracies(result.metrics)]
     if Metric.TOKEN_AGREEMENT in result.metrics and result.cell.cache != BASELINE:
         parts.append(f"agreement {result.metrics[Metric.TOKEN_AGREEMENT]:.2f}")
     return "; ".join(parts)
