@@ -30,6 +30,7 @@ ORDER = [
     "scaling",
     "search_cost",
     "compare_noise",
+    "task_prompts",
 ]
 RESULTS = Path(__file__).resolve().parent / "benchmarks" / "results"
 

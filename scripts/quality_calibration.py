@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvsweep.report.quality_gate import INFORMATIVE, task_accuracy, task_standing, task_verdict
+from kvsweep.report.quality_gate import INFORMATIVE, task_standing, task_verdict
+from kvsweep.report.task_accuracy import task_accuracy
 from kvsweep.results import OK
 from kvsweep.tracking.journal import Journal
 
@@ -57,6 +58,7 @@ def run_sweep(model: str, contexts: str, trials: int, caches: tuple[str, ...], o
         "grid.batch_sizes=[1]",
         f"grid.caches=[{','.join(caches)}]",
         "measure=quick",
+        "inputs.source=passkey",  # the task the KL threshold was calibrated against (the suite: task_calibration.py)
         f"measure.quality_trials={trials}",
         f"hydra.run.dir={out}",
         f"mlflow.tracking_uri=sqlite:///{out}/mlflow.db",

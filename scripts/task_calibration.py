@@ -119,6 +119,12 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--out", type=Path, default=Path("task_calibration.json"))
     parser.add_argument("--check", type=int, default=0, help="first compare N prompts' answers with plain generate")
+    parser.add_argument(
+        "--keep-going", action="store_true",
+        help="run a task at longer contexts only while it is informative (a task dynamic cannot do at one length "
+        "is not retried longer; the table says so)",
+    )  # fmt: skip
+    parser.add_argument("--append", action="store_true", help="add to --out's rows instead of starting afresh")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -139,6 +145,9 @@ def main() -> None:
             same = [a for a, _ in shared[cache]] == generate_answers(model, tokenizer, cache, prompts)
             print(f"check {cache}: shared prefill {'==' if same else '!='} plain generate", flush=True)
     record: dict = {"model": args.model, "rows": [], "trials": []}
+    if args.append and args.out.exists():
+        record = json.loads(args.out.read_text())
+    given_up = {row["task"] for row in record["rows"] if not row["informative"]} if args.keep_going else set()
     started = time.monotonic()
     for part in args.contexts.split(","):
         context, trials = map(int, part.split(":"))
@@ -146,6 +155,10 @@ def main() -> None:
         for task in tasks:
             if least[task] > context:
                 print(f"| {context} | {task} | needs {least[task]} tokens |", flush=True)
+                continue
+            if task in given_up:
+                record["rows"].append({"context": context, "task": task, "dynamic": "not run", "informative": False})
+                print(f"| {context} | {task} | not run: uninformative at a shorter context |", flush=True)
                 continue
             prompts = task_prompts(tokenizer, (task,), trials, context, SEED, DEPTHS, True)
             reference = shared_prefill_answers(model, tokenizer, ["dynamic"], prompts)["dynamic"]
@@ -169,13 +182,15 @@ def main() -> None:
                 for i, (p, (answer, _), ok) in enumerate(zip(prompts, reference, base, strict=True))
             ]  # fmt: skip
             record["rows"].append(row)
+            if args.keep_going and not judges:
+                given_up.add(task)
             cells = " | ".join(row.get(cache, "-") for cache in args.caches.split(","))
             label = "informative" if judges else "uninformative"
             print(f"| {context} | {task} | {row['dynamic']} {label} | {cells} |", flush=True)
         record.setdefault("seconds", {})[context] = round(time.monotonic() - at)
         print(f"ctx {context}: {time.monotonic() - at:.0f} s", flush=True)
         args.out.write_text(json.dumps(record, indent=1))
-    record["total_seconds"] = round(time.monotonic() - started)
+    record["total_seconds"] = record.get("total_seconds", 0) + round(time.monotonic() - started)
     args.out.write_text(json.dumps(record, indent=1))
     print(f"total {record['total_seconds']} s; caches: {args.caches}")
 

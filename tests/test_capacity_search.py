@@ -238,7 +238,7 @@ def test_the_dry_run_prints_each_predicted_frontier_the_largest_batch_the_planne
     from kvsweep.models.shape import shape_from_dict
     from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak
 
-    cfg = compose_config(["+sweep=capacity", "planner.device_memory_gb=80"]).config
+    cfg = compose_config(["+sweep=capacity", "grid.models=[llama-3.1-8b]", "planner.device_memory_gb=80"]).config
     assert dry_run(cfg) == 0
     out = capsys.readouterr().out
     assert "45 capacity searches" in out and "grid.batch_sizes [1] not used" in out

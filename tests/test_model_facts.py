@@ -83,7 +83,7 @@ def test_planning_a_preset_sweep_imports_neither_torch_transformers_nor_mlflow()
     code = (
         "import sys; from kvsweep.config.compose import compose_config; from kvsweep.driver.sweep import run_sweep;"
         "from kvsweep.driver.dry_run import dry_run; from kvsweep.plan.sweep_plan import plan_sweep;"
-        "composed = compose_config(['+sweep=long_context']);"
+        "composed = compose_config(['+sweep=long_context', 'grid.models=[llama-3.1-8b]']);"
         "planned, problems = plan_sweep(composed.config, 'cuda');"
         "assert planned and not problems, problems;"
         "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules))"

@@ -202,7 +202,8 @@ def test_the_long_context_sweep_plans_only_offloaded_cells_that_can_finish():
     from kvsweep.plan.sweep_plan import plan_sweep
 
     # an H200's memory, so no device-memory prediction depends on this machine's GPU
-    overrides = ["+sweep=long_context", "planner.host_memory_gb=2000", "planner.device_memory_gb=141"]
+    overrides = ["+sweep=long_context", "grid.models=[llama-3.1-8b]", "planner.host_memory_gb=2000"]
+    overrides.append("planner.device_memory_gb=141")
     planned, _ = plan_sweep(compose_config(overrides).config, "cuda")
     offloaded = {(p.cell.cache, p.cell.context_length, p.cell.batch_size): p for p in planned if p.offload}
     # By hand: 17 calls (above) of 127 round trips of the cache and one prefill each, at 25 GB/s, within

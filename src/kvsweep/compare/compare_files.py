@@ -22,7 +22,7 @@ from kvsweep.compare.judging import COMPARED, CONTENDED, IMPROVEMENTS
 from kvsweep.compare.tables import HEADER, counts, header_lines, ordered, row_cells
 from kvsweep.grid import CELL_FIELDS, cell_label
 from kvsweep.report.html_page import STYLE, html_table, inline_image
-from kvsweep.report.markdown import table
+from kvsweep.report.markdown_tables import table
 
 COLOURS = {"regression": "#c62828", "improvement": "#2e7d32", "other": "#607d8b"}
 

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvsweep.report.capacity_report import CapacitySection
-from kvsweep.report.markdown import TableCell, decision_rows, evidence_rows
+from kvsweep.report.markdown import decision_rows, evidence_rows
+from kvsweep.report.markdown_tables import TableCell
 from kvsweep.report.selection import Decision
 from kvsweep.report.table import Listing
 from kvsweep.report.task_table import INTRO as TASK_TABLE_INTRO

@@ -5,18 +5,20 @@ from collections.abc import Sequence
 from kvsweep.caches import BASELINE
 from kvsweep.names import TASK_JSONL, Metric, ci_high, ci_low
 from kvsweep.report.capacity_report import CapacitySection
-from kvsweep.report.pareto_table import front_text
-from kvsweep.report.quality_gate import (
-    MAX_REFERENCE_WIDTH,
-    MIN_REFERENCE_ACCURACY,
-    depth_accuracies,
-    task_accuracies,
+from kvsweep.report.markdown_tables import (
+    TableCell,
+    capacity_markdown,
+    table,
+    task_quality_markdown,
+    weights_kv_markdown,
+    workload_markdown,
 )
+from kvsweep.report.pareto_table import front_text
+from kvsweep.report.quality_gate import MAX_REFERENCE_WIDTH, MIN_REFERENCE_ACCURACY
 from kvsweep.report.selection import MEMORY_LABELS, OBJECTIVE_WORDS, TIE_RULE, Decision, Entry, cost_text
 from kvsweep.report.table import Listing
-from kvsweep.report.task_table import INTRO as TASK_TABLE_INTRO
-from kvsweep.report.task_table import TaskTable, task_tables
-from kvsweep.report.weights_tables import INTRO as WEIGHTS_KV_INTRO
+from kvsweep.report.task_accuracy import depth_accuracies, task_accuracies
+from kvsweep.report.task_table import task_tables
 from kvsweep.report.weights_tables import WeightsKvTable, origin_notes
 from kvsweep.report.workload_report import WorkloadSection
 from kvsweep.units import MIB
@@ -62,25 +64,11 @@ def _with_interval(metrics: dict[str, float], name: str) -> str:
     return f"{metrics[name]:.2f}{interval}"
 
 
-TableCell = str | tuple[str, str, str]  # in a report table: plain text, or (link text, url, text after the link)
-
-
 def _link(entry: Entry | None, links: dict[str, str], after: str = "") -> TableCell:
     if entry is None:
         return "-"
     url = links.get(entry.result.cell_id)
     return (entry.label, url, after) if url else entry.label + after
-
-
-def cell_markdown(cell: TableCell) -> str:
-    if isinstance(cell, tuple):
-        text, url, after = cell
-        return f"[{_escape(text)}]({url}){_escape(after)}"
-    return _escape(cell)
-
-
-def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def decision_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[list[str], list[list[TableCell]]]:
@@ -210,12 +198,6 @@ def evidence_rows(decisions: list[Decision], links: dict[str, str]) -> tuple[lis
     return header, rows
 
 
-def table(header: list[str], rows: list[list[TableCell]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell_markdown(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def intro(decisions: list[Decision]) -> str:
     """How the picks were made, in one paragraph (Markdown and HTML)."""
     if not decisions:
@@ -280,44 +262,3 @@ def selection_markdown(
             "",
         ]
     )
-
-
-def workload_markdown(section: WorkloadSection) -> list[str]:
-    """The workload section's blocks: heading, how to read it, the interval note once, a table per group with
-    its cells that produced no numbers listed under it."""
-    blocks = ["## Workloads: your traffic", section.intro, *([f"_{section.note}._"] if section.note else [])]
-    for t in section.tables:
-        blocks += [f"### {_escape(t.title)}", table(t.header, t.rows) if t.rows else "No cell of this workload ran."]
-        if t.failed:
-            blocks.append("\n".join(f"- {_escape(line)}" for line in t.failed))
-    return blocks
-
-
-def task_quality_markdown(tables: Sequence[TaskTable]) -> list[str]:
-    """The task quality section's blocks: a task x context table per model; none without a task."""
-    return titled_tables_markdown("Task quality", TASK_TABLE_INTRO, tables)
-
-
-def weights_kv_markdown(tables: Sequence[WeightsKvTable]) -> list[str]:
-    """The weights x KV cache section's blocks; none without tables."""
-    return titled_tables_markdown("Weights x KV cache", WEIGHTS_KV_INTRO, tables)
-
-
-def titled_tables_markdown(heading: str, intro: str, tables: Sequence[TaskTable | WeightsKvTable]) -> list[str]:
-    """A section of titled tables: its heading, how to read them, each table under its title; none without any."""
-    if not tables:
-        return []
-    blocks = [f"## {heading}", intro]
-    for t in tables:
-        blocks += [f"### {_escape(t.title)}", table(t.header, [list(row) for row in t.rows])]
-    return blocks
-
-
-def capacity_markdown(section: CapacitySection) -> list[str]:
-    """The capacity section's blocks: heading, how to read it, a table per model/dtype/search, the lines."""
-    blocks = ["## Capacity", section.intro]
-    for t in section.tables:
-        blocks += [f"### {_escape(t.title)}", table(t.header, list(t.rows))]
-    if section.lines:
-        blocks += ["### Most capacity", "\n".join(f"- {_escape(line)}" for line in section.lines)]
-    return blocks

@@ -10,8 +10,8 @@ import csv
 import io
 from dataclasses import dataclass
 
-from kvsweep.report.quality_gate import quality_score
 from kvsweep.report.selection import Decision, Entry
+from kvsweep.report.task_accuracy import quality_score
 
 HEADER = [
     "group",

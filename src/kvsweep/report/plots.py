@@ -18,8 +18,8 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, strategy_label
 from kvsweep.model_names import display_names, file_stem
 from kvsweep.names import Metric, ResultTag, ci_high, ci_low
 from kvsweep.report.pareto import draw_pareto
-from kvsweep.report.quality_gate import task_accuracies
 from kvsweep.report.selection import memory_basis
+from kvsweep.report.task_accuracy import task_accuracies
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
 

@@ -16,20 +16,17 @@ Pure functions over results (no torch, no MLflow): the selection, the report and
 `kvsweep.quality_loss` tag all read the same verdict.
 """
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvsweep.inputs.spec import FILE
-from kvsweep.inputs.tasks.suite import TASKS
 from kvsweep.measure.paired import PairedAccuracy
-from kvsweep.names import PASSKEY_DEPTH_PREFIX, Metric, ResultTag, ci_high, ci_low, task_of_metric
+from kvsweep.names import Metric, ResultTag, task_of_metric
 from kvsweep.report.paired_verdicts import paired_trials
+from kvsweep.report.task_accuracy import Accuracy, finite, task_accuracies
 from kvsweep.results import CellResult
 
 OK_VERDICT, LOSS, UNDECIDED = "ok", "loss", "undecided"
 LOSS_TAG_VALUES = {OK_VERDICT: "false", LOSS: "true", UNDECIDED: "undecided"}
-SUITE_ORDER = tuple(TASKS)
 # Shares are counts over trials and the limit a decimal: 0.90 - 0.85 is 0.05000000000000004 in floats.
 SHARE_TOLERANCE = 1e-9
 UNDECIDED_ADVICE = "undecided, run more measure.quality_trials"
@@ -41,33 +38,6 @@ MIN_REFERENCE_ACCURACY = 0.7
 # ...and its exact 95% interval no wider than this (fewer trials than that cannot tell much from little).
 MAX_REFERENCE_WIDTH = 0.5
 INFORMATIVE, UNINFORMATIVE, NO_TASK = "informative", "uninformative", "none"
-
-
-@dataclass(frozen=True)
-class Accuracy:
-    """A cell's task accuracy and its 95% interval (a point where a result has no interval)."""
-
-    metric: str
-    value: float
-    low: float
-    high: float
-
-    @property
-    def trial_kind(self) -> str:
-        """The `kind` its trials carry in task.jsonl: the task's name, or `file` for a prompts file's answers."""
-        return FILE if self.metric == Metric.ANSWER_ACCURACY else task_of_metric(self.metric) or self.metric
-
-    @property
-    def task(self) -> str:
-        """As the report names it: 'passkey', 'multi-key NIAH', 'answers'."""
-        if self.metric == Metric.ANSWER_ACCURACY:
-            return "answers"
-        name = task_of_metric(self.metric) or self.metric
-        return TASKS[name].title if name in TASKS else name
-
-    def text(self) -> str:
-        """'0.31 [0.11-0.59]'."""
-        return f"{self.value:.2f} [{self.low:.2f}-{self.high:.2f}]"
 
 
 @dataclass(frozen=True)
@@ -195,54 +165,6 @@ class Gate:
         return next((v for v in (LOSS, UNDECIDED, OK_VERDICT) if v in verdicts), "")
 
 
-def _finite(metrics: Mapping[str, float], name: str) -> float | None:
-    value = metrics.get(name)
-    return None if value is None or not math.isfinite(value) else float(value)
-
-
-def task_accuracies(metrics: Mapping[str, float]) -> list[Accuracy]:
-    """Every task accuracy a cell has (the suite's tasks, in the suite's order; a prompts file's answers)."""
-    found = []
-    for metric in metrics:
-        if metric == Metric.ANSWER_ACCURACY or task_of_metric(metric) is not None:
-            value = _finite(metrics, metric)
-            if value is not None:
-                low, high = _finite(metrics, ci_low(metric)), _finite(metrics, ci_high(metric))
-                found.append(Accuracy(metric, value, value if low is None else low, value if high is None else high))
-    return sorted(found, key=lambda a: _order(a.metric))
-
-
-def _order(metric: str) -> tuple[int, str]:
-    task = task_of_metric(metric)
-    return (SUITE_ORDER.index(task), metric) if task in SUITE_ORDER else (len(SUITE_ORDER), metric)
-
-
-def quality_score(metrics: Mapping[str, float]) -> tuple[str, float] | None:
-    """One number for a cell's task quality, and what it is: its one accuracy (`passkey_accuracy`), or the mean
-    of its suite's ('mean of 4 tasks'); None without a task. For a front or a column; the gate judges each task."""
-    accuracies = task_accuracies(metrics)
-    if not accuracies:
-        return None
-    if len(accuracies) == 1:
-        return accuracies[0].metric, accuracies[0].value
-    return f"mean of {len(accuracies)} tasks", sum(a.value for a in accuracies) / len(accuracies)
-
-
-def task_accuracy(metrics: Mapping[str, float]) -> Accuracy | None:
-    """The cell's first task accuracy (its only one, unless it ran a suite), None when it answered no task."""
-    return next(iter(task_accuracies(metrics)), None)
-
-
-def depth_accuracies(metrics: Mapping[str, float]) -> list[tuple[int, float]]:
-    """Passkey accuracy per needle depth (percent of the context), shallowest first."""
-    depths = []
-    for name, value in metrics.items():
-        suffix = name.removeprefix(PASSKEY_DEPTH_PREFIX)
-        if suffix != name and suffix.isdigit() and math.isfinite(value):
-            depths.append((int(suffix), float(value)))
-    return sorted(depths)
-
-
 def task_verdict(
     result: CellResult, dynamic: CellResult | None, max_accuracy_drop: float, metric: str | None = None
 ) -> TaskVerdict | None:
@@ -272,13 +194,13 @@ def task_verdict(
 
 def kl_text(metrics: Mapping[str, float], max_kl: float) -> str:
     """'KL 0.066 nats > 0.02 from dynamic' when the mean teacher-forced KL exceeds the limit, else ''."""
-    kl = _finite(metrics, Metric.KL_DIVERGENCE)
+    kl = finite(metrics, Metric.KL_DIVERGENCE)
     return f"KL {kl:.3g} nats > {max_kl:g} from dynamic" if kl is not None and kl > max_kl else ""
 
 
 def agreement_text(metrics: Mapping[str, float], min_token_agreement: float) -> str:
     """'token agreement 0.40 < 0.90' when greedy tokens agree with dynamic's less than the threshold, else ''."""
-    agreement = _finite(metrics, Metric.TOKEN_AGREEMENT)
+    agreement = finite(metrics, Metric.TOKEN_AGREEMENT)
     if agreement is None or agreement >= min_token_agreement:
         return ""
     return f"{AGREEMENT_PREFIX} {agreement:.2f} < {min_token_agreement:.2f}"

@@ -9,8 +9,8 @@ from kvsweep.caches import cache_rank
 from kvsweep.grid import CELL_FIELDS, cell_label, serving_label, strategy_label
 from kvsweep.model_names import display_names
 from kvsweep.names import Metric, ResultTag, task_of_metric, task_partial_metric, task_trials_metric, with_interval
-from kvsweep.report.quality_gate import quality_score, task_accuracies
 from kvsweep.report.selection import Decision
+from kvsweep.report.task_accuracy import quality_score, task_accuracies
 from kvsweep.results import CellResult
 from kvsweep.units import MIB
 

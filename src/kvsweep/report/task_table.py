@@ -9,9 +9,10 @@ task a cache fails and from what length on.
 
 from dataclasses import dataclass
 
-from kvsweep.report.quality_gate import LOSS, UNDECIDED, task_accuracies
+from kvsweep.report.quality_gate import LOSS, UNDECIDED
 from kvsweep.report.selection import Decision
 from kvsweep.report.selection_entry import Entry
+from kvsweep.report.task_accuracy import task_accuracies
 
 MARKS = {LOSS: " LOSS", UNDECIDED: " undecided"}
 INTRO = (

@@ -22,8 +22,8 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.model_names import display_names
 from kvsweep.models.gguf_source import GGUF_FILE, GGUF_ORIGIN, GGUF_TYPE, WEIGHTS_ORIGIN
 from kvsweep.names import Metric
-from kvsweep.report.quality_gate import task_accuracies
 from kvsweep.report.selection import Decision
+from kvsweep.report.task_accuracy import task_accuracies
 from kvsweep.results import OK, CellResult
 from kvsweep.units import MIB
 
