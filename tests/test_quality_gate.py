@@ -187,3 +187,50 @@ def test_the_runs_end_names_only_groups_where_dynamic_itself_failed_its_task():
     assert "ctx1024" not in text and "ctx2048" not in text
     assert "task.jsonl" in text
     assert task_failures([fine]) == ""
+
+
+# --- a suite of tasks ----------------------------------------------------------------------------------------
+
+
+def suite_cell(cache, rights: dict[str, int], context=2048, tpot=10.0, kv=1000.0):
+    """A cell of a task suite: each task's count of 16 right, with its Clopper-Pearson interval (written above)."""
+    metrics = {Metric.TPOT_MS: tpot, Metric.TTFT_MS: 50.0, Metric.KV_CACHE_BYTES: kv}
+    for task, right in rights.items():
+        name = Metric.PASSKEY_ACCURACY if task == "passkey" else f"task_{task}_accuracy"
+        low, high = INTERVALS_OF_16[right]
+        metrics |= {name: right / 16, ci_low(name): low, ci_high(name): high}
+    return CellResult(
+        f"{cache}-{context}", Cell("org/served", "bfloat16", context, 1, 32, cache, False), "ok", "", metrics
+    )
+
+
+def test_each_task_judges_on_its_own_and_the_line_names_the_task_that_refused():
+    """Dynamic does passkey and multi-key at 2048 but not variable tracking (5 of 16): vt judges nothing, and a
+    cache that keeps the passkey but loses the multi-key needles is refused, by that task, by name."""
+    dynamic = suite_cell("dynamic", {"passkey": 16, "niah_multikey": 15, "vt": 5})
+    int4 = suite_cell("quantized-hqq-int4", {"passkey": 16, "niah_multikey": 5, "vt": 0}, tpot=6.0, kv=250.0)
+    decision = only([dynamic, int4])
+    assert decision.pick.label == "dynamic"
+    refused = "quantized-hqq-int4 (multi-key NIAH 0.31 [0.11-0.59] vs dynamic 0.94 [0.70-1.00] at ctx 2048 "
+    assert f"refused: {refused}(independent intervals): quality loss)" in decision.summary()
+    why = "variable tracking uninformative at ctx 2048: dynamic 0.31 [0.11-0.59]"
+    tags = quality_loss_tags([decision])
+    assert tags["quantized-hqq-int4-2048"] == {
+        ResultTag.TASK: f"informative: passkey, niah_multikey; uninformative: vt ({why})",
+        ResultTag.QUALITY_LOSS: "true",  # the worst task's verdict: passkey was ok
+    }
+    page = selection_markdown("t", [decision], {})
+    assert (
+        "## Task quality" in page
+        and "multi-key NIAH @ 2048" in page
+        and "variable tracking @ 2048 (uninformative)" in page
+    )
+    assert "| quantized-hqq-int4 | 1.00 [0.79-1.00] | 0.31 [0.11-0.59] LOSS | 0.00 [0.00-0.21] |" in page
+
+
+def test_a_cache_that_keeps_every_task_dynamic_does_is_eligible_whatever_it_does_on_the_others():
+    dynamic = suite_cell("dynamic", {"passkey": 15, "niah_single": 16, "cwe": 0})  # cwe: beyond the model
+    int8 = suite_cell("quantized-hqq-int8", {"passkey": 15, "niah_single": 16, "cwe": 0}, tpot=6.0, kv=500.0)
+    decision = only([dynamic, int8])
+    assert decision.pick.label == "quantized-hqq-int8" and not decision.refused()
+    assert quality_loss_tags([decision])["quantized-hqq-int8-2048"][ResultTag.QUALITY_LOSS] == "false"

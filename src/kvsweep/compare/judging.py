@@ -12,8 +12,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kvsweep.inputs.tasks.suite import TASKS
 from kvsweep.measure.statistics import metric_interval
-from kvsweep.names import Metric, ResultTag
+from kvsweep.names import Metric, ResultTag, task_accuracy_metric
 from kvsweep.results import OK, CellResult
 
 TIMING, MEMORY, EXACT, QUALITY = "timing", "memory", "exact", "quality"
@@ -51,6 +52,11 @@ COMPARED = (
     Compared(Metric.TOKEN_AGREEMENT, QUALITY, False, floor=0.01),
     Compared(Metric.PASSKEY_ACCURACY, QUALITY, False, Metric.PASSKEY_ACCURACY),
     Compared(Metric.ANSWER_ACCURACY, QUALITY, False, Metric.ANSWER_ACCURACY),
+    *(  # each task of the suite (passkey's is above)
+        Compared(task_accuracy_metric(task), QUALITY, False, task_accuracy_metric(task))
+        for task in TASKS
+        if task_accuracy_metric(task) != Metric.PASSKEY_ACCURACY
+    ),
     Compared(Metric.KL_DIVERGENCE, QUALITY, True, floor=0.01, unit="nats"),
 )
 BY_NAME = {c.name: c for c in COMPARED}

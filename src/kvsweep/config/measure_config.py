@@ -85,7 +85,9 @@ class MeasureConfig:
         60.0, "time cap on a cell's measured phase, re-runs included (0 = none)", AT_LEAST_0
     )
     quality_trials: int = setting(
-        16, "task prompts (passkey or file) each cell answers after its timed calls, at least; 0 = none", AT_LEAST_0
+        16,
+        "prompts of each task (the suite's, or a file's) a cell answers after its timed calls, at least; 0 = none",
+        AT_LEAST_0,
     )
     device_memory_limit_gb: float = setting(
         0.0,
