@@ -342,3 +342,18 @@ def test_an_unknown_task_stops_the_run_with_exit_2_before_anything_starts(tmp_pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "inputs.tasks: unknown task 'needle'" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hub_checkpoint_the_driver_cannot_reach_is_planned_from_the_preset_of_its_shapes():
+    """With no Hub here (the tests set HF_HUB_OFFLINE), a checkpoint whose shapes a bundled preset has is planned
+    from the preset (its KV bytes are the preset's to the byte) and still fed the suite, which its cells fetch;
+    one no preset stands for falls back to random ids, with the reason."""
+    from kvsweep.plan.sweep_plan import model_facts
+
+    choice = choose_inputs(config("grid.models=[Qwen/Qwen2.5-7B-Instruct,org/no-such-model]"))
+    assert choice.by_model == {"Qwen/Qwen2.5-7B-Instruct": "tasks", "org/no-such-model": "random"}
+    assert "the plan reads the bundled preset qwen2.5-7b's shapes" in choice.lines()[0]
+    facts, problems = model_facts(["Qwen/Qwen2.5-7B-Instruct", "org/no-such-model", "qwen2.5-7b"], False)
+    assert facts["Qwen/Qwen2.5-7B-Instruct"].stand_in == "qwen2.5-7b"
+    assert facts["Qwen/Qwen2.5-7B-Instruct"].shape == facts["qwen2.5-7b"].shape
+    assert "org/no-such-model" in problems and "org/no-such-model" not in facts

@@ -16,7 +16,7 @@ from kvsweep.inputs.spec import AUTO, FILE, FILE_PREFIX, PASSKEY, RANDOM, SOURCE
 from kvsweep.inputs.tasks.suite import DEFAULT_TASKS, minimum_contexts
 from kvsweep.inputs.tasks.suite import TASKS as SUITE
 from kvsweep.model_names import display_names
-from kvsweep.models.presets import preset_for_hub
+from kvsweep.models.presets import Preset, preset_for_hub
 from kvsweep.models.resolve import ModelRef, classify, hub_unreachable, load_tokenizer, tokenizer_problem
 from kvsweep.plan.sweep_plan import inputs_spec
 
@@ -68,9 +68,15 @@ def choose_inputs(cfg: KvSweepConfig) -> InputsChoice:
     summary = f"{why}, {_count(len(spec.records), 'prompt')}" if source == FILE else why
     if fed == TASKS:
         summary = f"{why}: {', '.join(spec.tasks)}"
-    return InputsChoice(
-        spec, dict.fromkeys(models, fed), {m: f"{kind_of(fed)}: {why}" for m in models}, dict.fromkeys(models, summary)
-    )
+    summaries = {m: summary + _stand_in_words(*problems[m]) for m in models}
+    return InputsChoice(spec, dict.fromkeys(models, fed), {m: f"{kind_of(fed)}: {why}" for m in models}, summaries)
+
+
+def _stand_in_words(ref: ModelRef, problem: str | None) -> str:
+    stand_in = _stand_in(ref, problem)
+    if stand_in is None:
+        return ""
+    return f"; the Hub is not reachable here, so the plan reads the bundled preset {stand_in.name}'s shapes"
 
 
 def _named_tasks(cfg: KvSweepConfig) -> bool:
@@ -131,7 +137,7 @@ def _auto(spec: InputSpec, models: list[str], problems: dict[str, tuple[ModelRef
     by_model, reasons, summaries = {}, {}, {}
     for model in models:
         ref, problem = problems[model]
-        stand_in = preset_for_hub(ref.reference) if ref.kind == "hub" and problem and hub_unreachable(problem) else None
+        stand_in = _stand_in(ref, problem)
         if stand_in is not None:  # the nodes fetch it, tokenizer and all; the plan reads the preset's shapes
             by_model[model] = TASKS
             reasons[model] = (
@@ -159,13 +165,21 @@ def _require_tokenizers(source: str, grid_models: list[str], problems: dict[str,
     missing = [
         f"grid.models[{index}] {model!r}: {problems[model][1]}"
         for index, model in enumerate(grid_models)
-        if problems[model][1] is not None
+        if problems[model][1] is not None and _stand_in(*problems[model]) is None
     ]
     if missing:
         key = "inputs.tasks" if source == AUTO else f"inputs.source={source}"
         raise ConfigError(
             f"{key} needs a tokenizer; {'; '.join(dict.fromkeys(missing))}; use inputs.source={RANDOM} or {AUTO}"
         )
+
+
+def _stand_in(ref: ModelRef, problem: str | None) -> Preset | None:
+    """A Hub id the driver cannot reach whose shapes a bundled preset has: planned from the preset, its tokenizer
+    fetched with the checkpoint on the nodes (a tokenizer that failed for another reason is a problem)."""
+    if ref.kind != "hub" or problem is None or not hub_unreachable(problem):
+        return None
+    return preset_for_hub(ref.reference)
 
 
 def _where(ref: ModelRef) -> str:
