@@ -219,7 +219,7 @@ def test_a_gguf_file_plans_and_runs_through_the_sweep(run_sweep, real_gguf):
         "measure.quality_trials=4",
     )
     assert run.code == 0, run.out + run.err
-    assert "inputs: passkey for SmolLM2-135M-Instruct.Q4_1 (auto" in run.out  # its tokenizer is in the file
+    assert "inputs: tasks for SmolLM2-135M-Instruct.Q4_1 (auto" in run.out  # its tokenizer is in the file
     _, children = cell_runs(run.tracking_uri)
     cells = {c.data.params["cache"]: c.data for c in children}
     assert sorted(cells) == ["dynamic", "quantized-hqq-int4"]
@@ -230,6 +230,9 @@ def test_a_gguf_file_plans_and_runs_through_the_sweep(run_sweep, real_gguf):
         assert data.tags["kvsweep.env.gguf_file"] == GGUF_NAME and data.tags["kvsweep.env.gguf_type"] == "Q4_1"
         assert "kvsweep.checkpoint_quantization" not in data.tags  # dequantized: not a quantized checkpoint
         assert data.metrics["weights_bytes"] == 4 * SMOLLM2_PARAMETERS  # dense float32, as planned
+        # 128 tokens hold the passkey's prompt but no other task of the default suite: it runs alone, said so
+        assert data.metrics["task_passkey_trials"] == 4 and "task_niah_single_trials" not in data.metrics
+        assert data.tags["kvsweep.tasks_left_out"].startswith("niah_single needs ")
     tokens = 128 + 4 - 1  # context + new tokens - 1 (conftest's FAST: 4 new tokens)
     assert cells["dynamic"].metrics["kv_cache_bytes"] == 2 * LAYERS * KV_HEADS * HEAD_DIM * tokens * 4  # by hand
     report_dir = run.run_dir / "report"

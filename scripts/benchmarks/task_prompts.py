@@ -49,7 +49,7 @@ def run(quick: bool) -> Section:
     table = markdown_table(["task", "build s", "tokenise its text once, s", "build / tokenise"], rows)
     worst = max(figures[f"{name}_s"] for name in TASKS)
     text = (
-        f"## {TITLE}\n\nOne {CONTEXT:,}-token prompt per task, built from nothing (a fresh kit, as a cell's first "
+        f"One {CONTEXT:,}-token prompt per task, built from nothing (a fresh kit, as a cell's first "
         f"prompt), against one call of the same tokenizer on that prompt's decoded text; medians of {repeats}. "
         f"Target: every task well under a second. Slowest: {worst:.2f} s.\n\n{table}\n"
     )
