@@ -357,3 +357,23 @@ def test_a_hub_checkpoint_the_driver_cannot_reach_is_planned_from_the_preset_of_
     assert facts["Qwen/Qwen2.5-7B-Instruct"].stand_in == "qwen2.5-7b"
     assert facts["Qwen/Qwen2.5-7B-Instruct"].shape == facts["qwen2.5-7b"].shape
     assert "org/no-such-model" in problems and "org/no-such-model" not in facts
+
+
+def test_the_suite_is_in_the_id_of_a_cell_that_runs_it_and_of_no_other():
+    """Naming other tasks measures the suite's cells anew; a cell fed random ids or the passkey keeps its id."""
+    from dataclasses import replace
+
+    from kvsweep.grid import Cell, MeasureProtocol, cell_id
+    from kvsweep.inputs.spec import InputSpec
+
+    def ids(tasks: tuple[str, ...]) -> dict[str, str]:
+        protocol = MeasureProtocol(
+            config("measure=quick").measure, "cpu", InputSpec((0.5,), True, 16, tasks=tasks), 1, None
+        )
+        cell = Cell("org/m", "float32", 1024, 1, 8, "dynamic", False)
+        return {fed: cell_id(replace(cell, inputs=fed), protocol) for fed in ("tasks", "passkey", "random")}
+
+    default, other = ids(("passkey", "niah_single")), ids(("passkey", "vt"))
+    assert default["tasks"] != other["tasks"]
+    assert default["passkey"] == other["passkey"] == ids(())["passkey"]
+    assert default["random"] == other["random"] == ids(())["random"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvsweep.caches import get_strategy
 from kvsweep.config.measure_config import MeasureConfig
-from kvsweep.inputs.spec import RANDOM, InputSpec
+from kvsweep.inputs.spec import RANDOM, TASKS, InputSpec
 from kvsweep.model_names import short_name
 from kvsweep.names import PARAM_KEYS
 from kvsweep.workload.workload_spec import WorkloadSpec
@@ -158,9 +158,13 @@ def cell_label(cell: Cell, model_name: str = "") -> str:
 def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     """Stable hash of the protocol's version, the cell and its whole measurement protocol (the resume key and
     the `kvsweep.cell_id` tag): any change to any of them is another cell. An open-loop cell's arrival times
-    count as well (its rate's, drawn with the seed)."""
+    count as well (its rate's, drawn with the seed). The task suite counts only for a cell that runs it: a cell fed
+    random ids, the passkey or a file keeps its id whatever `inputs.tasks` says."""
     fields = {k: v for k, v in cell.to_dict().items() if k not in WORKLOAD_FIELDS or v not in ("", 0.0)}  # older ids
-    payload = {"version": PROTOCOL_VERSION, "cell": fields, "protocol": protocol.identity()}
+    identity = protocol.identity()
+    if cell.inputs != TASKS:
+        identity["inputs"] = {k: v for k, v in identity["inputs"].items() if k not in ("tasks", "tasks_version")}
+    payload = {"version": PROTOCOL_VERSION, "cell": fields, "protocol": identity}
     if cell.rate > 0 and protocol.workload is not None:
         payload["arrivals"] = protocol.workload.arrivals_sha256(cell.rate)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
