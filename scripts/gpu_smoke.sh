@@ -107,6 +107,13 @@ python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.cache
   'workload.input_lengths="fixed:256,1024"' 'workload.output_lengths="fixed:16,32"' workload.requests=8 \
   'workload.serving=[sequential,continuous]' "hydra.run.dir=$workload_out" \
   "mlflow.tracking_uri=sqlite:///$workload_out/mlflow.db" >"$workload_out/sweep.log" 2>&1 || true
+# The forecast's per-dtype peaks: one prefill-heavy cell in float32 (CUDA cores, TF32 off) and one in bfloat16
+# (tensor cores); the summary prints each one's measured prefill against its forecast.
+dtypes_out=$out/dtypes
+mkdir -p "$dtypes_out"
+python -m kvsweep +sweep=gpu_smoke ${forwarded[@]+"${forwarded[@]}"} 'grid.caches=[dynamic]' 'grid.compile=[false]' \
+  'grid.dtypes=[float32,bfloat16]' 'grid.context_lengths=[4096]' 'grid.max_new_tokens=[8]' \
+  "hydra.run.dir=$dtypes_out" "mlflow.tracking_uri=sqlite:///$dtypes_out/mlflow.db" >"$dtypes_out/sweep.log" 2>&1 || true
 # A node with two GPUs or more: a model split over two GPUs per cell (each GPU's layers and peak recorded),
 # each GPU capped at 8 GB (the tag must name both; the smoke model needs far less).
 split=()
@@ -121,7 +128,7 @@ else
   echo "one GPU on this node: the split over two GPUs per cell is not run"
 fi
 python scripts/smoke_summary.py "$out" --expect-cuda-init-error "$faulted" --expect-weights "$weights_out" \
-  --expect-workload "$workload_out" \
+  --expect-workload "$workload_out" --expect-dtypes "$dtypes_out" \
   ${split[@]+"${split[@]}"} \
   --setup "$setup; $started" || status=$((status == 0 ? 1 : status))
 echo "smoke run took ${SECONDS} s (setup, sweeps with their compiles and quanto's CUDA build, summary)"

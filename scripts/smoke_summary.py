@@ -247,6 +247,26 @@ def _overlap(a: CellResult, b: CellResult) -> bool:
     return start_a < end_b and start_b < end_a
 
 
+def dtype_prefill_problems(folder: Path) -> int:
+    """The forecast's per-dtype peaks checked: each dtype's measured prefill (TTFT) against its forecast, printed
+    (paste into BENCHMARKS.md); a problem only when a dtype's cell did not run or has no forecast."""
+    results = {str(r.cell.dtype): r for r in Journal(folder).read().latest_results()}
+    problems = 0
+    for dtype in ("float32", "bfloat16"):
+        result = results.get(dtype)
+        ratio = result.metrics.get(Metric.FORECAST_RATIO_TTFT) if result is not None else None
+        if result is None or result.status != OK or ratio is None:
+            status = result.status if result is not None else "missing"
+            print(f"DTYPE PREFILL: {dtype} cell {status}, no prefill against its forecast ({folder}/sweep.log)")
+            problems += 1
+            continue
+        print(
+            f"prefill {dtype}: ttft {result.metrics[Metric.TTFT_MS]:.1f} ms, {ratio:.2f}x its forecast "
+            f"({'CUDA cores, TF32 off' if dtype == 'float32' else 'tensor cores'})"
+        )
+    return problems
+
+
 def forecast_lines(results: list[CellResult]) -> list[str]:
     """Each cell's seconds against its forecast (the GPU figures' first check: paste these into BENCHMARKS.md),
     and the run's summary; information, never a problem."""
@@ -414,6 +434,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--expect-split", type=Path, help="a sweep run with ray.gpus_per_cell=2")
     parser.add_argument("--expect-weights", type=Path, help="a sweep with one cell per weight quantization")
     parser.add_argument("--expect-workload", type=Path, help=f"a workload sweep of {WORKLOAD_REQUESTS} requests")
+    parser.add_argument("--expect-dtypes", type=Path, help="one dynamic cell in float32 and one in bfloat16")
     args = parser.parse_args(argv)
     journal = Journal(args.folder).read()
     results = journal.latest_results()
@@ -459,6 +480,8 @@ def main(argv: list[str]) -> int:
         failures += split_problems(args.expect_split)
     if args.expect_workload:
         failures += workload_problems(args.expect_workload)
+    if args.expect_dtypes:
+        failures += dtype_prefill_problems(args.expect_dtypes)
     print(f"{'FAILED' if failures else 'OK'}: {failures} problem(s)")
     return 1 if failures else 0
 

@@ -12,6 +12,8 @@ from kvsweep.cli import main
 from kvsweep.config.compose import compose_config
 from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_forecast import SweepForecast, forecast_summary, refined
+from kvsweep.errors import ConfigError
+from kvsweep.forecast import sustained
 from kvsweep.forecast.cell_forecast import ModelCost, expected_measured, forecast_cell
 from kvsweep.forecast.device_rates import DeviceRates
 from kvsweep.forecast.sweep_bill import ForecastCell, SweepBill, packed_seconds
@@ -64,6 +66,33 @@ def test_a_cells_terms_are_the_prefill_flops_and_the_planners_decode_bytes_over_
     assert forecast.seconds == pytest.approx(1.0 + model.weight_bytes / 1e9 + (2 + calls) * call)
 
 
+@pytest.mark.parametrize(
+    ("gpu", "fp32_tflops", "bf16_tflops"),
+    [("h100-sxm", 67, 989.4), ("a100-80gb", 19.5, 312), ("l40s", 91.6, 362.05), ("l4", 30.3, 121)],
+)
+def test_a_float32_prefill_runs_at_the_cuda_core_peak_and_a_bf16_one_at_the_tensor_core_peak(
+    gpu, fp32_tflops, bf16_tflops
+):
+    """PyTorch leaves TF32 off, so a float32 matmul runs on the CUDA cores: the datasheet's FP32 row (H100 SXM:
+    67 TFLOP/s), not its dense bf16 tensor figure (989.4). The same cell's prefill in float32 and in bfloat16 is the
+    same FLOPs at those two rates, each at the sustained share: their ratio is the datasheets' ratio."""
+    from kvsweep.forecast.device_rates import gpu_rates
+    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+
+    rates = gpu_rates(gpu_by_key(gpu), 25.0)
+    model = tiny_llama()
+    shape = model.shape
+    cfg = compose_config([]).config
+    protocol = protocol_of(cfg.measure, "cuda", _random_inputs(cfg))
+    flops = 2 * model.parameters * 2048 + 2 * shape.layers * shape.hidden_size * 2048**2
+    overhead = shape.layers * rates.layer_overhead_s
+    for dtype, tflops in (("float32", fp32_tflops), ("bfloat16", bf16_tflops)):
+        cell = Cell("tiny-llama", dtype, 2048, 1, 32, "dynamic", False)
+        prefill = forecast_cell(cell, protocol, model, rates).ttft_s - overhead
+        assert prefill == pytest.approx(flops / (tflops * 1e12 * sustained.GPU_FLOP_FRACTION), rel=1e-9), dtype
+    assert "float32" in rates.label() and "TF32 off" in rates.label()
+
+
 def _random_inputs(cfg):
     from kvsweep.plan.sweep_plan import inputs_spec
 
@@ -86,23 +115,45 @@ def test_measured_calls_follow_the_protocols_floor_cap_and_ceiling(call_s, expec
     assert expected_measured(protocol_of(cfg.measure, "cpu", _random_inputs(cfg)), call_s) == expected
 
 
-def test_the_bill_packs_cells_longest_first_and_counts_gpus_and_downloads():
-    """Cells of 3, 3, 2, 2 and 2 h on 2 slots: 3|3, then 2 on each (5|5), then one more: 7 h. GPU-hours: 12 h of
-    cells on 2 GPUs each, plus a 720 GB download (1 h at 200 MB/s) the 4 GPUs wait through."""
+def test_the_bill_packs_cells_in_run_order_and_counts_gpus_busy_and_held():
+    """Cells of 3, 3, 2, 2 and 2 h on 2 slots: 3|3, then 2 on each (5|5), then one more: 7 h. Busy GPU-hours: 12 h
+    of cells on 2 GPUs each, plus a 720 GB download (1 h at 200 MB/s) the 4 GPUs wait through: 28. Held: the 4
+    GPUs for the whole 8 h: 32, which the cost (2.5 a GPU-hour: 80) and a budget count."""
     assert packed_seconds([3, 3, 2, 2, 2], 2) == 7
     hours = [3, 3, 2, 2, 2]
     cells = [_forecast_cell(f"c{i}", h * 3600) for i, h in enumerate(hours)]
     bill = SweepBill(cells, RATES, gpus=4, gpus_per_cell=2, slots=2, gpu_hour_cost=2.5, download_bytes=720 * 10**9)
     assert bill.gpu_hours == pytest.approx(12 * 2 + 1 * 4)
     assert bill.wall_s == pytest.approx((1 + 7) * 3600)
-    assert "28.00 GPU-hours" in bill.lines()[0] and "70.00 at 2.5 a GPU-hour" in bill.lines()[0]
+    assert bill.held_gpu_hours == pytest.approx(4 * 8)
+    first = bill.lines()[0]
+    assert "28.00 GPU-hours busy, 32.00 held" in first and "80.00 at 2.5 a GPU-hour held" in first
+    with pytest.raises(ConfigError, match=r"planner.max_gpu_hours=30: .* 32.00 GPU-hours held"):
+        bill.check_budget(30)  # 28 busy would have passed it
 
 
-def _forecast_cell(cid: str, seconds: float) -> ForecastCell:
+def test_the_wall_time_follows_the_schedulers_order_smallest_first():
+    """Four 1 h cells of 128 tokens and one 4 h cell of 4,096 on 2 slots: the sweep runs the small ones first
+    (1|1, 2|2), then the large one: 6 h, where longest-first packing would have said 4 h."""
+    small = [_forecast_cell(f"s{i}", 3600) for i in range(4)]
+    large = _forecast_cell("large", 4 * 3600, context=4096)
+    bill = SweepBill([large, *small], RATES, gpus=2, gpus_per_cell=1, slots=2)
+    assert bill.wall_s == pytest.approx(6 * 3600)
+
+
+def test_a_budget_over_cells_with_no_forecast_is_refused_naming_them():
+    cells = [_forecast_cell("c0", 3600)]
+    bill = SweepBill(cells, RATES, gpus=1, gpus_per_cell=1, slots=1, unforecast=["awq cell: its size is not known"])
+    with pytest.raises(ConfigError, match=r"cannot hold 1 cells with no forecast \(awq cell: its size is not known\)"):
+        bill.check_budget(1000)
+    bill.check_budget(0)  # no budget: the bill only lists them
+
+
+def _forecast_cell(cid: str, seconds: float, context: int = 128) -> ForecastCell:
     from kvsweep.forecast.cell_forecast import CellForecast
     from kvsweep.forecast.terms import Forecast, Term
 
-    cell = Cell("tiny-llama", "float32", 128, 1, 8, "dynamic", False)
+    cell = Cell("tiny-llama", "float32", context, 1, 8, "dynamic", False)
     return ForecastCell(cid, cell, CellForecast(Forecast((Term("measured", seconds),)), 0.01, 0.001))
 
 

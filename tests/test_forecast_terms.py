@@ -99,3 +99,58 @@ def test_numbers_are_written_as_a_person_writes_them():
         "3.5 min",
         "2.1 h",
     ]
+
+
+def test_a_sliding_window_layer_attends_to_at_most_its_window():
+    """1,000 tokens under a causal mask: 1000² / 2 = 500,000 (query, key) pairs in full; a window of 128 attends
+    like a full layer for the first 128 queries (128² / 2 = 8,192) and to 128 keys for each of the other 872
+    (111,616): 119,808. A layer that keeps no keys attends to none."""
+    from kvsweep.forecast.terms import attended_pairs
+
+    assert attended_pairs(1000, None) == 500_000
+    assert attended_pairs(1000, 128) == 8_192 + 872 * 128 == 119_808
+    assert attended_pairs(100, 128) == 5_000  # shorter than its window: as a full layer
+    assert attended_pairs(1000, 0) == 0
+    # One full and one windowed layer of width 64, no weights: 2 × 2 × 64 × (500,000 + 119,808)
+    assert prefill_flops(0, 1000, 2, 64, windows=(None, 128)) == 4 * 64 * 619_808
+
+
+def test_gpt_oss_20b_prefills_with_its_active_parameters_and_its_heads_width():
+    """gpt-oss-20b routes each token to 4 of its 32 experts: OpenAI's model card gives 3.61B active parameters
+    without the embeddings, and the unembedding (201,088 × 2,880 = 0.579B) multiplies every token too; its
+    attention is 64 heads × 64 = 4,096 wide (its hidden size is 2,880) and every other layer a 128-token window."""
+    from kvsweep.forecast.cell_forecast import active_parameters
+    from kvsweep.models.facts import read_facts
+    from kvsweep.models.resolve import classify
+
+    facts = read_facts(classify("gpt-oss-20b"))
+    shape = facts.shape
+    assert facts.parameters == pytest.approx(20.91e9, rel=2e-3)  # the card's total
+    active = active_parameters(facts.parameters, shape)
+    assert active == pytest.approx(3.61e9 + 201_088 * 2_880, rel=1e-2)
+    assert shape.attention_width == 4096 and shape.hidden_size == 2880
+    tokens = 8192
+    full, window = tokens**2 / 2, 128**2 / 2 + (tokens - 128) * 128
+    by_hand = 2 * active * tokens + 2 * 2 * 4096 * 12 * (full + window)
+    assert prefill_flops(active, tokens, shape.layers, shape.attention_width, windows=shape.layer_windows) == (
+        pytest.approx(by_hand, rel=1e-12)
+    )
+
+
+def test_a_mixture_of_experts_decode_step_reads_the_experts_its_tokens_chose():
+    """One sequence: 4 of 32 experts a layer, so the step reads the shared weights and 4/32 of the experts' (the
+    active parameters' bytes); 64 sequences routed evenly leave an expert untouched with probability (28/32)^64 =
+    1.9e-4: nearly every weight is read."""
+    from kvsweep.forecast.cell_forecast import ModelCost, active_parameters, decode_weight_bytes
+    from kvsweep.models.facts import read_facts
+    from kvsweep.models.resolve import classify
+
+    facts = read_facts(classify("gpt-oss-20b"))
+    model = ModelCost(facts.parameters, 2 * facts.parameters, facts.shape)  # bfloat16: 2 bytes a weight
+    assert decode_weight_bytes(model, 1) == pytest.approx(2 * active_parameters(facts.parameters, facts.shape))
+    experts = 24 * 32 * facts.shape.expert_parameters
+    untouched = experts * (28 / 32) ** 64
+    assert decode_weight_bytes(model, 64) == pytest.approx(2 * (facts.parameters - untouched))
+    dense = read_facts(classify("llama-3.1-8b"))
+    llama = ModelCost(dense.parameters, 2 * dense.parameters, dense.shape)
+    assert decode_weight_bytes(llama, 1) == decode_weight_bytes(llama, 64) == 2 * dense.parameters

@@ -20,6 +20,18 @@ SPARSE_BF16_TFLOPS = {
     "l4": 242,
     "a10": 250,
 }
+# The FP32 (CUDA core, non-tensor) and sparse TF32 rows of the same datasheets: a float32 matmul runs at the first
+# while TF32 is off (PyTorch's default), at half the second with it on.
+FP32_TFLOPS = {
+    "a100-80gb": 19.5,
+    "h100-sxm": 67,
+    "h100-pcie": 51,
+    "h100-nvl": 60,
+    "l40s": 91.6,
+    "l4": 30.3,
+    "a10": 31.2,
+}
+SPARSE_TF32_TFLOPS = {"a100-80gb": 312, "h100-sxm": 989, "h100-pcie": 756, "l40s": 366, "l4": 120, "a10": 125}
 # Datasheet memory bandwidth, GB/s, as the vendors print it.
 BANDWIDTH_GBPS = {
     "a100-40gb": 1555,
@@ -132,9 +144,9 @@ def test_an_unknown_key_is_one_line_naming_it_and_the_known_ones():
 
 
 def test_the_forecasts_gpu_is_planner_gpu_else_a_gpu_the_driver_or_the_nodes_report():
-    from kvsweep.driver.node_software import GPU, NO_GPU
     from kvsweep.driver.software_survey import NodeReport, Survey
     from kvsweep.forecast.device_rates import choose_gpu
+    from kvsweep.node_software import GPU, NO_GPU
 
     nodes = [
         NodeReport("a" * 16, "10.0.0.1", {GPU: "NVIDIA H100 80GB HBM3"}),
@@ -148,3 +160,17 @@ def test_the_forecasts_gpu_is_planner_gpu_else_a_gpu_the_driver_or_the_nodes_rep
     with pytest.raises(ConfigError) as refused:
         choose_gpu("", [])
     assert len(str(refused.value).splitlines()) == 1 and "planner.gpu" in str(refused.value)
+
+
+@pytest.mark.parametrize("key", FP32_TFLOPS)
+def test_float32_runs_at_the_fp32_row_with_tf32_off_and_the_tensor_peak_is_for_16_bit_types(key):
+    gpu = gpu_by_key(key)
+    assert gpu.flops("float32") == pytest.approx(FP32_TFLOPS[key] * TERA)
+    assert gpu.flops("bfloat16") == gpu.flops("float16") == gpu.bf16_flops
+    if key in SPARSE_TF32_TFLOPS:
+        assert gpu.tf32_flops == pytest.approx(SPARSE_TF32_TFLOPS[key] * TERA / 2, rel=2e-3)
+
+
+def test_every_entry_has_its_float32_figures_below_its_tensor_ones():
+    for gpu in GPUS:
+        assert 0 < gpu.fp32_flops <= gpu.tf32_flops <= gpu.bf16_flops, gpu.key

@@ -435,7 +435,8 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
     assert pip_calls(tmp_path) == ["install -q -e .[quantized,test,cuda-weights]"], done.stderr
     started = "CUDA starts on Stand-in GPU: torch 2.14.1+cu126 (built for CUDA 12.6), driver 550.54.14 (CUDA 12.4)"
     assert started in done.stdout.splitlines()
-    measured, faulted, weights, workload = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
+    sweeps = [json.loads(line) for line in (tmp_path / "sweeps").read_text().splitlines()]
+    measured, faulted, weights, workload, dtypes = sweeps
     # The measured sweep gets every argument, after its own (so the user's win).
     assert measured == [
         "+sweep=gpu_smoke",
@@ -479,6 +480,30 @@ def test_both_sweeps_get_the_users_arguments_but_the_faulted_one_keeps_its_cell(
         f"hydra.run.dir={workload_dir}",
         f"mlflow.tracking_uri=sqlite:///{workload_dir}/mlflow.db",
     ]
+    dtypes_dir = out / "dtypes"  # the forecast's per-dtype peaks: one long prefill in float32, one in bfloat16
+    assert dtypes == [
+        "+sweep=gpu_smoke",
+        *user[:4],
+        "grid.caches=[dynamic]",
+        "grid.compile=[false]",
+        "grid.dtypes=[float32,bfloat16]",
+        "grid.context_lengths=[4096]",
+        "grid.max_new_tokens=[8]",
+        f"hydra.run.dir={dtypes_dir}",
+        f"mlflow.tracking_uri=sqlite:///{dtypes_dir}/mlflow.db",
+    ]
+
+
+def test_the_dtype_sweep_prints_each_dtypes_prefill_against_its_forecast(tmp_path):
+    """float32 and bfloat16 each have their prefill against the forecast's per-dtype peak; a dtype whose cell did
+    not run is a problem (the check could not be made)."""
+    f32 = from_cell(Cell("m", "float32", 4096, 1, 8, "dynamic", False))
+    f32.metrics.update({Metric.TTFT_MS: 120.0, Metric.FORECAST_RATIO_TTFT: 1.4})
+    folder = write_journal(tmp_path / "dtypes", [f32])
+    code, lines = summarize(tmp_path, [from_cell(cell())], "cuda", "--expect-dtypes", str(folder))
+    assert "prefill float32: ttft 120.0 ms, 1.40x its forecast (CUDA cores, TF32 off)" in lines
+    assert any(line.startswith("DTYPE PREFILL: bfloat16 cell missing") for line in lines), lines
+    assert code == 1
 
 
 # --- What the summary checks, on journals written by hand: one result per situation a GPU run can meet.

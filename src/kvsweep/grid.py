@@ -170,9 +170,15 @@ def cell_id(cell: Cell, protocol: MeasureProtocol) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def run_order(cell: Cell) -> tuple[int, int]:
+    """The order a sweep runs its cells in: fewest tokens first (batch × (prompt + new)), then the smaller batch, so
+    an OOM at a small size can spare the larger cells of its family; the forecast packs them in the same order."""
+    return (cell.batch_size * (cell.context_length + cell.max_new_tokens), cell.batch_size)
+
+
 def expand_grid(grid: dict[str, list[Any]], inputs_by_model: dict[str, str] | None = None) -> list[Cell]:
     """All combinations, in the config's order (the first varying axis slowest), so the plan reads like the
-    sweep file. The sweep runs them smallest first (`driver/job_sources.size_order`), so an OOM at a small size
+    sweep file. The sweep runs them smallest first (`run_order`), so an OOM at a small size
     can spare the larger cells. compile=true means something only for strategies that preallocate (static ones);
     others get no compiled twin rather than a pointless skipped cell. `inputs_by_model`: what each model is fed
     (`driver/inputs_choice.py`); a model it does not name gets random ids.

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from kvsweep.driver.scheduler import Job
-from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.grid import Cell, MeasureProtocol, cell_id, run_order
 from kvsweep.names import ResultTag
 from kvsweep.plan.cell_plan import PlannedCell
 from kvsweep.plan.sweep_plan import plan_text
@@ -23,8 +23,7 @@ FAMILY = ("model", "dtype", "cache", "compile")
 
 
 def size_order(job: Job) -> tuple[int, int]:
-    cell = job.cell
-    return (cell.batch_size * (cell.context_length + cell.max_new_tokens), cell.batch_size)
+    return run_order(job.cell)
 
 
 class OomPruner:

@@ -84,22 +84,42 @@ def call_cost(
 ) -> CallCost:
     """One call's prefill and its mean decode step on `rates`."""
     shape = model.shape
-    width = shape.hidden_size or shape.kv_heads * shape.head_dim
+    width, windows, active = shape.attention_width, shape.layer_windows, active_parameters(model.parameters, shape)
     overhead = shape.layers * rates.layer_overhead_s
+    flop_rate = rates.flop_rate_of(cell.dtype)
     if strategy.implementation is None:  # no cache: every step runs the whole sequence again
-        flops = prefill_flops(model.parameters, context + new // 2, shape.layers, width, rows)
-        step = flops / rates.flop_rate + overhead
-        return CallCost(prefill_flops(model.parameters, context, shape.layers, width, rows) / rates.flop_rate, step)
-    prefill = prefill_seconds(prefill_flops(model.parameters, context, shape.layers, width, rows), rates.flop_rate)
+        flops = prefill_flops(active, context + new // 2, shape.layers, width, rows, windows)
+        step = flops / flop_rate + overhead
+        return CallCost(prefill_flops(active, context, shape.layers, width, rows, windows) / flop_rate, step)
+    prefill = prefill_seconds(prefill_flops(active, context, shape.layers, width, rows, windows), flop_rate)
     traffic = decode_kv_traffic(strategy, shape, rows, cell.dtype, context, new)
     step = decode_seconds(
-        model.weight_bytes + traffic.device_bytes,
+        decode_weight_bytes(model, rows) + traffic.device_bytes,
         rates.bandwidth,
         traffic.host_link_bytes,
         rates.host_link,
         overhead * STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0),
     )
     return CallCost(prefill + overhead, step)
+
+
+def active_parameters(parameters: int, shape: KvShape) -> int:
+    """The parameters one token multiplies: a mixture of experts routes each token to `experts_per_token` of its
+    `experts` (gpt-oss-20b: 4 of 32), so the others' weights do no work for it."""
+    idle = shape.layers * (shape.experts - shape.experts_per_token) * shape.expert_parameters
+    return max(parameters - idle, 0) if shape.experts else parameters
+
+
+def decode_weight_bytes(model: ModelCost, rows: int) -> float:
+    """The weight bytes a decode step of `rows` sequences reads: all of a dense model's; of a mixture of experts,
+    the shared weights and the experts its tokens are routed to. Routed evenly, `rows` tokens choosing k of E
+    experts each touch E × (1 − (1 − k/E)^rows) distinct experts a layer (one row: k; many: nearly all)."""
+    shape = model.shape
+    if not shape.experts or not model.parameters:
+        return float(model.weight_bytes)
+    missed = (1 - shape.experts_per_token / shape.experts) ** rows
+    idle = shape.layers * shape.experts * missed * shape.expert_parameters
+    return model.weight_bytes * max(model.parameters - idle, 0) / model.parameters
 
 
 def expected_measured(protocol: MeasureProtocol, call_s: float) -> int:

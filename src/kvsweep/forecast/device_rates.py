@@ -7,11 +7,12 @@ probe too (`measure.bandwidth`), times shares calibrated on this project's CPU (
 """
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvsweep.errors import ConfigError
 from kvsweep.forecast import sustained
-from kvsweep.forecast.gpu_datasheet import GPUS, Gpu, detect, gpu_by_key
+from kvsweep.forecast.gpu_datasheet import FLOAT32, GPUS, TERA, Gpu, detect, gpu_by_key
 from kvsweep.units import GB
 
 # A CPU cell's rates against what the probes read, and its fixed costs: calibrated by
@@ -44,9 +45,22 @@ class DeviceRates:
     compile_allowance_s: float  # torch.compile of one shape, until a compiled cell of the model was measured
     calibrated: bool  # False: datasheet shares no run has checked (a GPU until its first run)
     gpu: Gpu | None = None
+    dtype_flop_rates: Mapping[str, float] = field(default_factory=dict)  # dtype -> its own rate, where not flop_rate
+
+    def flop_rate_of(self, dtype: str) -> float:
+        """FLOP/s a prefill of `dtype` sustains: a GPU's per-dtype peak (float32 on the CUDA cores, TF32 off);
+        on a CPU the measured float32 rate for every dtype, as calibrated."""
+        return self.dtype_flop_rates.get(dtype, self.flop_rate)
 
     def label(self) -> str:
-        return f"{self.name}, {'calibrated' if self.calibrated else 'uncalibrated (datasheet shares)'}"
+        text = f"{self.name}, {'calibrated' if self.calibrated else 'uncalibrated (datasheet shares)'}"
+        if self.gpu is not None:
+            gpu = self.gpu
+            text += (
+                f"; peaks bf16/fp16 {gpu.bf16_flops / TERA:g} TFLOP/s (tensor cores), float32 "
+                f"{gpu.fp32_flops / TERA:g} (CUDA cores: TF32 off)"
+            )
+        return text
 
 
 def gpu_rates(gpu: Gpu, host_link_gbps: float) -> DeviceRates:
@@ -55,6 +69,7 @@ def gpu_rates(gpu: Gpu, host_link_gbps: float) -> DeviceRates:
     return DeviceRates(
         name=f"{gpu.name} (datasheet)",
         flop_rate=gpu.bf16_flops * sustained.GPU_FLOP_FRACTION,
+        dtype_flop_rates={d: gpu.flops(d) * sustained.GPU_FLOP_FRACTION for d in (FLOAT32, "float16", "bfloat16")},
         bandwidth=gpu.memory_bandwidth * sustained.GPU_BANDWIDTH_FRACTION,
         host_link=host_link_gbps * GB,
         load_rate=sustained.LOAD_BYTES_PER_S,

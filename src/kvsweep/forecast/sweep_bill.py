@@ -1,10 +1,12 @@
 """A sweep's bill before it runs: every cell's forecast, the GPU-hours, the wall time on the cluster, the cost.
 
-GPU-hours are each cell's seconds times the GPUs it holds, plus the Hub downloads the whole cluster waits for
+GPU-hours *busy* are each cell's seconds times the GPUs it holds, plus the Hub downloads the whole cluster waits for
 before the first cell (each model once, at `HUB_BYTES_PER_S`). The wall time packs the cells onto the cluster's
-slots (GPUs ÷ GPUs a cell, at most `ray.max_concurrent`) longest first, as a scheduler that always starts the next
-cell on the first free slot would; on a CPU one cell runs at a time. A budget (`planner.max_gpu_hours`) is checked
-against the total before any cell starts.
+slots (GPUs ÷ GPUs a cell, at most `ray.max_concurrent`) in the order the sweep runs them (`grid.run_order`: the
+fewest tokens first), each on the first free slot, as the scheduler does; on a CPU one cell runs at a time.
+GPU-hours *held* are every GPU of the cluster for that wall time: what a reserved cluster costs, since its GPUs are
+held until the last cell ends. The cost and a budget (`planner.max_gpu_hours`, checked before any cell starts)
+count the held hours; a budget over cells with no forecast is refused, saying which.
 """
 
 import heapq
@@ -14,7 +16,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.forecast.cell_forecast import CellForecast
 from kvsweep.forecast.device_rates import DeviceRates
 from kvsweep.forecast.terms import duration
-from kvsweep.grid import Cell
+from kvsweep.grid import Cell, run_order
 
 HUB_BYTES_PER_S = 200e6  # a model's files from the Hub to a node: a typical datacentre download, a guess
 LARGEST_SHOWN = 3
@@ -55,13 +57,20 @@ class SweepBill:
         return (self.cell_seconds * self.gpus_per_cell + self.download_s * self.gpus) / 3600
 
     @property
+    def held_gpu_hours(self) -> float:
+        """Every GPU of the cluster for the whole wall time (0 on a CPU): what reserving it costs."""
+        return self.gpus * self.wall_s / 3600
+
+    @property
     def budget_hours(self) -> float:
-        """What `planner.max_gpu_hours` is held against: GPU-hours, or on a CPU the sweep's own hours."""
-        return self.gpu_hours if self.gpus else self.wall_s / 3600
+        """What `planner.max_gpu_hours` and the cost are held against: the GPU-hours held, or on a CPU the sweep's
+        own hours."""
+        return self.held_gpu_hours if self.gpus else self.wall_s / 3600
 
     @property
     def wall_s(self) -> float:
-        return self.download_s + packed_seconds([c.forecast.seconds for c in self.cells], self.slots)
+        ordered = sorted(self.cells, key=lambda c: run_order(c.cell))  # stable: plan order within one size
+        return self.download_s + packed_seconds([c.forecast.seconds for c in ordered], self.slots)
 
     def largest(self, count: int = LARGEST_SHOWN) -> list[ForecastCell]:
         return sorted(self.cells, key=lambda c: -c.forecast.seconds)[:count]
@@ -71,9 +80,9 @@ class SweepBill:
         if self.rates is None:
             return [f"forecast: none ({self.unavailable})"]
         on = f"{self.gpus} GPUs ({self.slots} cells at a time)" if self.gpus else "this CPU (one cell at a time)"
-        hours = f"{self.gpu_hours:.2f} GPU-hours, " if self.gpus else ""
+        hours = f"{self.gpu_hours:.2f} GPU-hours busy, {self.held_gpu_hours:.2f} held, " if self.gpus else ""
         cost = (
-            f", {self.gpu_hours * self.gpu_hour_cost:,.2f} at {self.gpu_hour_cost:g} a GPU-hour"
+            f", {self.held_gpu_hours * self.gpu_hour_cost:,.2f} at {self.gpu_hour_cost:g} a GPU-hour held"
             if (self.gpus and self.gpu_hour_cost)
             else ""
         )
@@ -93,10 +102,16 @@ class SweepBill:
         """A one-line `ConfigError` when the forecast is over `planner.max_gpu_hours` (0: no budget)."""
         if max_gpu_hours > 0 and self.rates is None:
             raise ConfigError(f"planner.max_gpu_hours={max_gpu_hours:g} needs a forecast: {self.unavailable}")
+        if max_gpu_hours > 0 and self.unforecast:
+            more = f" and {len(self.unforecast) - 1} more" if len(self.unforecast) > 1 else ""
+            raise ConfigError(
+                f"planner.max_gpu_hours={max_gpu_hours:g} cannot hold {len(self.unforecast)} cells with no forecast "
+                f"({self.unforecast[0]}{more}); drop the budget or those cells"
+            )
         if max_gpu_hours > 0 and self.budget_hours > max_gpu_hours:
             top = self.largest(1)
             biggest = f"; the largest cell is {top[0].cell.label} ({duration(top[0].forecast.seconds)})" if top else ""
-            unit = "GPU-hours" if self.gpus else "hours"
+            unit = "GPU-hours held" if self.gpus else "hours"
             raise ConfigError(
                 f"planner.max_gpu_hours={max_gpu_hours:g}: the sweep is forecast to take {self.budget_hours:.2f} "
                 f"{unit} on {self.rates.name if self.rates else '?'}{biggest}; raise the budget or shrink the grid"
@@ -104,9 +119,9 @@ class SweepBill:
 
 
 def packed_seconds(seconds: list[float], slots: int) -> float:
-    """When the last of `seconds` ends on `slots` slots, each next one (longest first) on the first free slot."""
+    """When the last of `seconds` ends on `slots` slots, each in the order given on the first free slot."""
     ends = [0.0] * max(1, slots)
-    for s in sorted(seconds, reverse=True):
+    for s in seconds:
         heapq.heapreplace(ends, ends[0] + s)
     return max(ends)
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from kvsweep.forecast.sustained import STEP_OVERHEAD_S
 
 
-def prefill_flops(params: int, tokens: int, layers: int, hidden: int, batch: int = 1) -> float:
+def prefill_flops(
+    params: int, tokens: int, layers: int, hidden: int, batch: int = 1, windows: tuple[int | None, ...] = ()
+) -> float:
     """FLOPs of a prefill of `tokens` prompt tokens for each of `batch` rows.
 
     Matmuls: every weight multiplies every token once, a multiply-add each: 2 × params × tokens × batch. (`params`
@@ -23,12 +25,25 @@ def prefill_flops(params: int, tokens: int, layers: int, hidden: int, batch: int
     Attention: per layer, QKᵀ and AV each take tokens × tokens × hidden multiply-adds over the full square,
     2 × 2 × layers × hidden × tokens²; a causal mask leaves half the square (tokens² / 2, ignoring the diagonal's
     tokens / 2), so 2 × layers × hidden × tokens² per row. `hidden` is the attention width, heads × head_dim (the
-    model's hidden size for most decoders). Sliding windows and kernels that skip masked blocks differently are not
-    modelled: full-attention layers are the costly ones at long context.
+    model's hidden size for most decoders). `windows` (the shape's `layer_windows`, one per layer): a sliding
+    window of w attends to at most w keys per query (`attended_pairs`), a layer that keeps no keys (a state or
+    attention-free layer) to none; () means every layer attends to every earlier token.
     """
     matmuls = 2 * params * tokens
-    attention = 2 * 2 * layers * hidden * tokens**2 / 2
+    pairs = sum(attended_pairs(tokens, w) for w in windows) if windows else layers * attended_pairs(tokens, None)
+    attention = 2 * 2 * hidden * pairs  # QKᵀ and AV: a multiply-add each per width element per (query, key) pair
     return float((matmuls + attention) * batch)
+
+
+def attended_pairs(tokens: int, window: int | None) -> float:
+    """(query, key) pairs one causal layer computes over `tokens`: tokens² / 2 in full (the diagonal ignored, as
+    above); with a window of w < tokens, the first w queries as in full and every later one w keys:
+    w² / 2 + (tokens − w) × w; none for a layer that keeps no keys (window 0)."""
+    if window is not None and window <= 0:
+        return 0.0
+    if window is None or tokens <= window:
+        return tokens**2 / 2
+    return window**2 / 2 + (tokens - window) * window
 
 
 def prefill_seconds(flops: float, flop_rate: float) -> float:

@@ -46,7 +46,7 @@ def read_facts(ref: ModelRef, trust_remote_code: bool = False) -> ModelFacts:
     """The model's facts; raises what reading its config raises (a typo, a missing folder, no Hub)."""
     if ref.kind == "preset":
         preset = PRESETS[ref.reference]
-        shape = shape_from_dict(preset.config)
+        shape = shape_from_dict({"model_type": preset.model_type, **preset.config})
         assert shape is not None, f"preset {preset.name} lacks a shape key"
         return ModelFacts(shape, preset.parameters(), layout_of_preset(preset))
     if is_gguf(ref.reference):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kvsweep.errors import first_line
 from kvsweep.models.gguf_source import gguf_config, hub_gguf, is_gguf
 from kvsweep.models.presets import PRESETS
-from kvsweep.models.shape import KvShape, cache_layer_types, layer_layout
+from kvsweep.models.shape import KvShape, cache_layer_types, expert_routing, layer_layout
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -89,6 +89,8 @@ def kv_shape(config: "PretrainedConfig") -> KvShape:
         layer_windows=layout[0],
         state_elements=layout[1],
         layer_types=cache_layer_types(layer_types),
+        query_heads=heads,
+        **expert_routing(text.to_dict(), model_type),
     )
 
 

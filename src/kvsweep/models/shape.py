@@ -33,6 +33,19 @@ class KvShape:
     # Per layer, its type as Transformers' `get_layer_types_and_kwargs` gives it (`cache_layer_types`), even one
     # kvsweep does not know; () when every layer is `full_attention`.
     layer_types: tuple[str, ...] = ()
+    query_heads: int = 0  # attention heads (queries): heads x head_dim is the attention width; 0: not known
+    # A mixture of experts: experts per layer, how many each token is routed to, one expert's parameters; 0: dense.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_parameters: int = 0
+
+    @property
+    def attention_width(self) -> int:
+        """heads x head_dim, what attention multiplies over (gpt-oss: 64 x 64 = 4096 against a hidden size of
+        2880); the hidden size where the head count is not known."""
+        return (
+            self.query_heads * self.head_dim if self.query_heads else self.hidden_size or self.kv_heads * self.head_dim
+        )
 
 
 REQUIRED = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
@@ -105,7 +118,23 @@ def shape_from_dict(config: Mapping[str, Any]) -> KvShape | None:
         layer_windows=layout[0],
         state_elements=layout[1],
         layer_types=cache_layer_types(layer_types),
+        query_heads=heads,
+        **expert_routing(text, model_type),
     )
+
+
+def expert_routing(text: Mapping[str, Any], model_type: str | None) -> dict[str, int]:
+    """A mixture of experts' routing, from the names Transformers' MoE configs use (Mixtral and gpt-oss:
+    `num_local_experts`; Qwen-MoE and others: `num_experts`, `moe_intermediate_size`); {} for a dense model. One
+    expert is a gated MLP (gate, up, down), with biases in gpt-oss."""
+    experts = text.get("num_local_experts") or text.get("num_experts") or 0
+    routed = text.get("num_experts_per_tok") or text.get("experts_per_token") or 0
+    if not (isinstance(experts, int) and isinstance(routed, int) and experts > routed > 0):
+        return {}
+    hidden = text["hidden_size"]
+    inner = text.get("moe_intermediate_size") or text.get("intermediate_size") or 4 * hidden
+    per_expert = 3 * hidden * inner + (2 * inner + hidden if model_type == "gpt_oss" else 0)  # gate_up, down biases
+    return {"experts": experts, "experts_per_token": routed, "expert_parameters": per_expert}
 
 
 def cache_layer_types(layer_types: Sequence[str]) -> tuple[str, ...]:
