@@ -44,35 +44,37 @@ def two_node_cluster():
     cluster.shutdown()
 
 
-def sweep(cluster, tmp_path, *overrides, env=None):
-    """A sweep on `cluster` (None: no ray.address, the driver's own machine)."""
-    env = {**os.environ, **QUIET, **(env or {})}
+def sweep_command(cluster, tmp_path, *overrides, env=None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a sweep on `cluster` (None: no ray.address, the driver's own machine):
+    8 stand-in cells sleeping 3 s each."""
+    given = env or {}
     address = [f"ray.address={cluster.address}"] if cluster is not None else []
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvsweep",
-            "grid.models=[tiny-llama]",
-            "grid.dtypes=[bfloat16]",
-            "grid.context_lengths=[64,128]",
-            "grid.batch_sizes=[1,2]",
-            "grid.max_new_tokens=[4]",
-            "grid.caches=[dynamic,static]",
-            *address,
-            "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
-            "+testing.sleep_s=3",
-            "ray.fork_cells=false",  # the stand-in imports no torch: no template worth warming on each node
-            f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
-            f"hydra.run.dir={tmp_path}/r",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=600,
-    )
+    store = [] if "MLFLOW_TRACKING_URI" in given else [f"mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db"]
+    command = [
+        sys.executable,
+        "-m",
+        "kvsweep",
+        "grid.models=[tiny-llama]",
+        "grid.dtypes=[bfloat16]",
+        "grid.context_lengths=[64,128]",
+        "grid.batch_sizes=[1,2]",
+        "grid.max_new_tokens=[4]",
+        "grid.caches=[dynamic,static]",
+        *address,
+        "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
+        "+testing.sleep_s=3",
+        "ray.fork_cells=false",  # the stand-in imports no torch: no template worth warming on each node
+        *store,
+        f"hydra.run.dir={tmp_path}/r",
+        *overrides,
+    ]
+    return command, {**os.environ, **QUIET, **given}
+
+
+def sweep(cluster, tmp_path, *overrides, env=None):
+    """A sweep on `cluster` (see `sweep_command`), run to its end."""
+    command, env = sweep_command(cluster, tmp_path, *overrides, env=env)
+    return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
 
 
 def test_cells_get_one_gpu_each_never_share_it_and_spread_over_nodes(two_node_cluster, tmp_path):
@@ -132,3 +134,30 @@ def test_dry_run_resolves_device_auto_from_the_cluster_like_a_run(two_node_clust
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "8 cells on cuda" in proc.stdout, proc.stdout
     assert not (tmp_path / "mlflow.db").exists()  # nothing logged
+
+
+def test_ray_address_in_the_environment_is_joined_as_ray_init_joins_it(two_node_cluster, tmp_path, mlflow_server):
+    """`RAY_ADDRESS` set and `ray.address` empty (a head node's shell, a Ray job's entrypoint): the sweep runs
+    on that cluster (its GPUs, both nodes), says so first, and MLflow's own variables choose where it logs;
+    `ray.address=local` keeps it on a local instance of this machine whatever RAY_ADDRESS says."""
+    env = {
+        "RAY_ADDRESS": two_node_cluster.address,
+        "MLFLOW_TRACKING_URI": mlflow_server,
+        "MLFLOW_EXPERIMENT_NAME": "from-env",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    shown = subprocess.run(
+        [sys.executable, "-m", "kvsweep", "--cfg", "job"], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert f"address: {two_node_cluster.address}" in shown.stdout
+    assert f"tracking_uri: {mlflow_server}" in shown.stdout and "experiment: from-env" in shown.stdout
+
+    proc = sweep(None, tmp_path, "grid.caches=[dynamic]", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"Ray: joining the cluster at {two_node_cluster.address} (from RAY_ADDRESS" in proc.stdout
+    _, children = cell_runs(mlflow_server, "from-env")
+    assert len(children) == 4 and {c.data.params["device"] for c in children} == {"cuda"}  # the cluster's GPUs
+    assert len({c.data.tags["kvsweep.env.ray_node_id"] for c in children}) == 2
+
+    local = sweep(None, tmp_path, "grid.caches=[dynamic]", "ray.address=local", "dry_run=true", env=env)
+    assert local.returncode == 0 and "4 cells on cpu" in local.stdout, local.stdout + local.stderr

@@ -9,12 +9,14 @@ does before any cell and what each cell run records of its node.
 import importlib.metadata
 import json
 import os
+import subprocess
+import time
 
 import pytest
 
 from conftest import cell_runs
 from kvsweep.testing.testing_config import REPORTED_VERSIONS_ENV
-from test_cluster import sweep  # 8 stand-in cells sleeping 3 s: the first 6 at once, on every node
+from test_cluster import sweep, sweep_command  # 8 stand-in cells sleeping 3 s: the first 6 at once, on every node
 
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 ODD_TRANSFORMERS = "9.9.9"
@@ -99,3 +101,42 @@ def test_a_gpu_model_difference_is_said_not_refused_and_each_cell_records_its_gp
     gpus = {node: {c.data.params["gpu_model"] for c in runs} for node, runs in cells.items()}
     assert gpus[odd_gpu] == {ODD_GPU}
     assert len({value for values in gpus.values() for value in values}) == 2  # two GPU models, told per cell
+
+
+@pytest.mark.slow
+def test_nodes_that_join_after_connect_are_checked_by_their_first_cell(tmp_path):
+    """A cluster of one node (one GPU) when the sweep connects; two nodes join while it runs: one alike, one
+    reporting Transformers 9.9.9. Cells placed on the alike node measure and record its software, the same
+    fingerprint as the surveyed node's (not "unchecked"); those placed on the odd node measure nothing and fail
+    in one line naming the node and the field."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "num_gpus": 1, "include_dashboard": False})
+    try:
+        command, env = sweep_command(cluster, tmp_path, "ray.max_concurrent=6")  # more than the one GPU at connect
+        proc = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        journal, deadline = tmp_path / "r" / "journal.jsonl", time.monotonic() + 300
+        while not journal.exists() or '"status": "ok"' not in journal.read_text():  # a first cell measured
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.3)
+        alike = cluster.add_node(**NODE)
+        odd = cluster.add_node(**NODE, env_vars={REPORTED_VERSIONS_ENV: json.dumps({"transformers": ODD_TRANSFORMERS})})
+        out, err = proc.communicate(timeout=600)
+    finally:
+        cluster.shutdown()
+    _, children = cell_runs(f"sqlite:///{tmp_path}/mlflow.db")
+    refused = [c for c in children if c.data.tags["kvsweep.status"] == "error"]
+    measured = [c for c in children if c.data.tags["kvsweep.status"] == "ok"]
+    assert len(refused) + len(measured) == 8 and refused, out + err
+    here = importlib.metadata.version("transformers")
+    for run in refused:  # placed on the odd node: measured nothing, said where and why
+        error = run.data.tags["kvsweep.error"]
+        assert f"(node {odd.node_id[:8]}) joined after the sweep checked its nodes" in error, error
+        assert f"transformers {ODD_TRANSFORMERS} here, {here} on the checked nodes" in error
+    nodes = {c.data.tags["kvsweep.env.ray_node_id"] for c in measured}
+    assert odd.node_id not in nodes and alike.node_id in nodes, (nodes, out + err)
+    fingerprints = {c.data.params["node_software"] for c in measured}  # the head's and the late alike node's
+    assert len(fingerprints) == 1 and not next(iter(fingerprints)).startswith("unchecked"), fingerprints
+    assert proc.returncode == 1  # some cells ended in error

@@ -3,14 +3,18 @@
 Real processes, each with its own local Ray and run folder, one plain MLflow server on 127.0.0.1 (each
 test its own experiment). Cells are the stand-in runner's sleeps, so the first sweep is still measuring
 when the second decides. One sweep measures; the other refuses in one line naming the first's host and
-pid, exit 2; a sweep killed with SIGKILL is resumed by the next, by one of two rivals only.
+pid, exit 2; a sweep killed with SIGKILL is resumed by the next, by one of two rivals only. An owner stopped
+(SIGSTOP) or cut off from MLflow past its lease, then let go on, sends nothing more once another sweep took the
+parent: it ends in one line naming the new owner; a resume that fails half-way lets its parent go and tries again.
 """
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,13 +28,15 @@ CELLS = ("grid.caches=[dynamic,static]", "grid.context_lengths=[64,128]")  # 4 c
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def start(tmp_path: Path, name: str, server: str, experiment: str, *extra: str) -> subprocess.Popen:
+def start(
+    tmp_path: Path, name: str, server: str, experiment: str, *extra: str, cells: tuple[str, ...] = CELLS
+) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
         "kvsweep",
         *FAST,
-        *CELLS,
+        *cells,
         "ray.fork_cells=false",
         "+testing.runner=kvsweep.testing.stand_ins:sleep_cell",
         f"mlflow.tracking_uri={server}",
@@ -133,3 +139,157 @@ def test_after_sigkill_one_of_two_restarts_resumes_the_parent(mlflow_server, tmp
     assert len(runs) == 4 and {c.data.tags["kvsweep.status"] for c in runs} == {"ok"}
     if not by_pid:
         assert "watching its heartbeat" in out
+
+
+EIGHT = ("grid.caches=[dynamic,static]", "grid.context_lengths=[64,128,192,256]")
+LEASE = "+testing.lease={period_s: 4, by_pid: false}"  # judged by its heartbeat, as from another host
+
+
+def wait_for(what, condition, proc: subprocess.Popen, limit_s: float = 300) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert proc.poll() is None, (what, proc.communicate())
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def leased_to(server: str, experiment: str, pid: int) -> bool:
+    """Whether the sweep's parent is leased to process `pid`, which has renewed it once (it holds it)."""
+    parents, _ = cell_runs(server, experiment)
+    tags = parents[0].data.tags if len(parents) == 1 else {}
+    owner, beat = tags.get("kvsweep.lease_owner", ""), tags.get("kvsweep.lease_heartbeat", "")
+    return f" pid={pid} " in owner and not beat.endswith("#0")
+
+
+def took_over(server: str, experiment: str, lost: subprocess.Popen, rival: subprocess.Popen) -> None:
+    """The sweep that lost its lease ends in one line naming the rival (exit 2); the rival measured every cell;
+    the parent holds one run per cell, each ok."""
+    lost_code, lost_out, lost_err = finish(lost)
+    rival_code, rival_out, rival_err = finish(rival)
+    assert rival_code == 0, rival_out + rival_err
+    assert lost_code == 2, lost_out + lost_err
+    lines = [line for line in lost_err.splitlines() if "now belongs to" in line]
+    assert len(lines) == 1, lost_err
+    assert f"host {socket.gethostname()} (pid {rival.pid})" in lines[0] and "journal.jsonl" in lines[0]
+    [(_, runs)] = one_run_per_cell(server, experiment).items()
+    assert len(runs) == 8 and {c.data.tags["kvsweep.status"] for c in runs} == {"ok"}
+
+
+@pytest.mark.slow
+def test_an_owner_stopped_past_its_lease_sends_nothing_once_continued(mlflow_server, tmp_path):
+    """A stalled host (SIGSTOP of the sweep and its Ray) past its 4 s lease: a second sweep resumes the parent;
+    continued, the first finds the parent another's before its next send and stops."""
+    experiment = "stopped"
+    paused = start(tmp_path, "paused", mlflow_server, experiment, "+testing.sleep_s=3", LEASE, cells=EIGHT)
+    wait_for("a first cell", lambda: finished_in_mlflow(mlflow_server, experiment) >= 1, paused)
+    os.killpg(paused.pid, signal.SIGSTOP)
+    try:
+        rival = start(tmp_path, "rival", mlflow_server, experiment, "+testing.sleep_s=3", LEASE, cells=EIGHT)
+        wait_for("the rival's lease", lambda: leased_to(mlflow_server, experiment, rival.pid), rival)
+    finally:
+        os.killpg(paused.pid, signal.SIGCONT)
+    took_over(mlflow_server, experiment, paused, rival)
+
+
+class Proxy:
+    """A TCP proxy to the MLflow server that can be cut (every connection reset, new ones refused) and restored:
+    a network partition between one sweep and MLflow, while another sweep reaches MLflow directly."""
+
+    def __init__(self, target: str) -> None:
+        self.target = ("127.0.0.1", int(target.rsplit(":", 1)[1]))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.up = threading.Event()
+        self.up.set()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            if not self.up.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.up.clear()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def restore(self) -> None:
+        self.up.set()
+
+
+@pytest.mark.slow
+def test_an_owner_cut_off_from_mlflow_past_its_lease_sends_nothing_once_restored(mlflow_server, tmp_path):
+    """The first sweep's MLflow traffic goes through a proxy that is cut after its first cell: its results queue
+    in its journal while a second sweep, reaching MLflow directly, resumes the parent. Restored, the first finds
+    the parent another's and stops; `sync` of its journal then sends nothing the parent lacks."""
+    experiment = "partitioned"
+    proxy = Proxy(mlflow_server)
+    cut_off = start(tmp_path, "cut", proxy.url, experiment, "+testing.sleep_s=4", LEASE, cells=EIGHT)
+    wait_for("a first cell", lambda: finished_in_mlflow(mlflow_server, experiment) >= 1, cut_off)
+    proxy.cut()
+    try:
+        rival = start(tmp_path, "rival", mlflow_server, experiment, "+testing.sleep_s=3", LEASE, cells=EIGHT)
+        wait_for("the rival's lease", lambda: leased_to(mlflow_server, experiment, rival.pid), rival)
+    finally:
+        proxy.restore()
+    took_over(mlflow_server, experiment, cut_off, rival)
+    synced = subprocess.run(
+        [sys.executable, "-m", "kvsweep", "sync", str(tmp_path / "cut"), "--tracking-uri", mlflow_server],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **QUIET},
+    )
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    [(_, runs)] = one_run_per_cell(mlflow_server, experiment).items()
+    assert len(runs) == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_resume_that_fails_half_way_never_opens_a_cell_twice(mlflow_server, tmp_path, failures):
+    """A parent with some cells done; the resuming sweep's first read of its cells fails (a dropped request):
+    it lets the parent go and tries again, resuming it (one failure); failing twice, it measures every cell
+    under a parent of its own. Either way no parent holds a cell twice."""
+    experiment = f"half-open-{failures}"
+    killed = start(tmp_path, "killed", mlflow_server, experiment, "+testing.sleep_s=3")
+    wait_for("a first cell", lambda: finished_in_mlflow(mlflow_server, experiment) >= 1, killed)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    [(parent, before)] = one_run_per_cell(mlflow_server, experiment).items()
+    done = {c.data.tags["kvsweep.cell_id"] for c in before if "kvsweep.status" in c.data.tags}
+    assert 1 <= len(done) < 4
+
+    fault = f"+testing.mlflow_faults={{child_runs: {failures}}}"
+    code, out, err = finish(start(tmp_path, "resumed", mlflow_server, experiment, "+testing.sleep_s=1", fault))
+    assert code == 0, out + err
+    assert f"resuming parent run {parent} failed half-way" in out
+    by_parent = one_run_per_cell(mlflow_server, experiment)
+    if failures == 1:
+        assert list(by_parent) == [parent] and f"resuming: {len(done)} of 4 cells" in out
+        assert len(by_parent[parent]) == 4
+    else:
+        [fresh] = [p for p in by_parent if p != parent]
+        assert len(by_parent[fresh]) == 4 and "resuming:" not in out
+        assert len(by_parent[parent]) == len(before)  # the old parent left as it was
+    finished_runs = [c for runs in by_parent.values() for c in runs if "kvsweep.status" in c.data.tags]
+    assert {c.data.tags["kvsweep.status"] for c in finished_runs} == {"ok"}

@@ -11,6 +11,7 @@ import yaml
 
 from kvsweep.cli import main
 from kvsweep.config.compose import compose_config
+from kvsweep.config.schema import KvSweepConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,24 @@ BAD_CONFIGS = [
     (["ray.max_retries=-1"], "ray.max_retries must be >= 0", ""),
     (["ray.cell_timeout_s=0"], "ray.cell_timeout_s must be > 0", ""),
     (["+sweep=nope"], "unknown sweep", "long_context"),
+    (["+sweep=long_contxt"], "+sweep=long_contxt: unknown sweep; did you mean long_context?", "quickstart"),
+    (["sweep=long_context"], "sweep=long_context: a sweep is added with a plus", "+sweep=long_context"),
+    (
+        ["workload.source=trace", "workload.path=t.jsonl", "workload.input_lengths=fixed:128"],
+        "workload.input_lengths is set but workload.source=trace takes each request's prompt length from the trace",
+        "drop workload.input_lengths",
+    ),
+    (
+        [
+            "workload.source=lengths",
+            "workload.input_lengths=fixed:8",
+            "workload.output_lengths=fixed:2",
+            "workload.path=p",
+        ],
+        "workload.path is set but workload.source=lengths",
+        "reading no file",
+    ),
+    (["mlflow.tracking_uri=file:/tmp/mlruns"], "mlflow.tracking_uri=file:/tmp/mlruns: MLflow 3.13+", "sqlite:///"),
     (["grid.models=[' ']"], "grid.models[0] is empty", ""),
     (["measure.warmup=-1"], "measure.warmup must be >= 0", ""),
     (["measure.seed=abc"], "measure.seed", "Integer"),
@@ -142,8 +161,18 @@ def test_help_lists_every_key_with_the_value_a_run_uses(capsys):
     (preset,) = [entry["override /measure"] for entry in quickstart["defaults"]]
     chosen = yaml.safe_load((ROOT / "conf" / "measure" / f"{preset}.yaml").read_text())
     repeats = next(line for line in out.splitlines() if line.split()[:1] == ["measure.repeats"])
-    assert repeats.endswith(f"(default {chosen['repeats']})"), repeats
+    schema = KvSweepConfig().measure.repeats  # the schema's own default, which a +sweep=NAME builds on
+    assert repeats.endswith(f"(default {schema}; here {chosen['repeats']})"), repeats
     assert "testing" not in out  # test seams are not part of what users configure
+    # ...and what the names may be: every shipped sweep, measure preset, model preset and cache
+    listed = {
+        line.split(" (", 1)[0]: line
+        for line in out.splitlines()
+        if line.startswith(("Sweeps", "Measure", "Model", "Caches"))
+    }
+    assert all(p.stem in listed["Sweeps"] for p in (ROOT / "sweeps").glob("*.yaml"))
+    assert all(p.stem in listed["Measure presets"] for p in (ROOT / "conf" / "measure").glob("*.yaml"))
+    assert "llama-3.1-8b" in listed["Model presets"] and "paged" in listed["Caches"]
 
 
 def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path, monkeypatch, capsys):

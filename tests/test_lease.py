@@ -8,6 +8,7 @@ told not to check the holder's process (`by_pid=False`): it has only the heartbe
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from kvsweep.errors import ConfigError
 from kvsweep.testing.testing_config import seams_from
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import SweepHeader
-from kvsweep.tracking.lease import LeaseHeld, LeaseTimes, Owner, lease_tags
+from kvsweep.tracking.lease import LeaseHeld, LeaseLost, LeaseTimes, Owner, lease_tags, write
 from kvsweep.tracking.take_parent import goes_on, take_parent
 
 KEY = "key-lease"
@@ -42,6 +43,28 @@ header = SweepHeader("lease", sys.argv[2], "kvsweep", uri, "cpu", "name: lease\\
 taken = take_parent(SweepTracker(uri, "kvsweep"), header, True, LeaseTimes(beat_s=0.2), print)
 print(taken.run_id, flush=True)
 time.sleep(600)
+"""
+
+
+# A holder that reports losing its lease: `lost <the line>` once its beats find the parent another's.
+LOSING_HOLDER = """
+import sys, time
+from kvsweep.tracking.client import SweepTracker
+from kvsweep.tracking.journal import SweepHeader
+from kvsweep.tracking.lease import LeaseTimes
+from kvsweep.tracking.take_parent import take_parent
+
+uri = sys.argv[1]
+header = SweepHeader("lease", sys.argv[2], "kvsweep", uri, "cpu", "name: lease\\n", {"name": "lease"})
+times = LeaseTimes(beat_s=0.2, period_s=2.0, by_pid=False)
+taken = take_parent(SweepTracker(uri, "kvsweep"), header, True, times, print)
+print(taken.run_id, flush=True)
+while taken.lease.lost is None:
+    time.sleep(0.05)
+try:
+    taken.lease.ensure()
+except Exception as exc:
+    print(type(exc).__name__, exc, flush=True)
 """
 
 
@@ -252,3 +275,49 @@ def test_the_lease_seam_is_checked_like_any_key():
         seams_from({"lease": {"period": 3}})
     with pytest.raises(ConfigError, match=r"testing\.lease\.by_pid"):
         seams_from({"lease": {"by_pid": 1}})
+
+
+@spawns
+def test_a_holder_stopped_past_its_lease_gives_the_parent_up_when_it_goes_on(uri):
+    """A holder process frozen (SIGSTOP) past its 2 s lease; a rival from elsewhere takes the parent. Continued,
+    the holder's next beat finds the rival's tags: it writes nothing more, and `ensure` refuses naming the rival."""
+    holder = subprocess.Popen([sys.executable, "-c", LOSING_HOLDER, uri, KEY], stdout=subprocess.PIPE, text=True)
+    parent = holder.stdout.readline().strip()
+    assert parent, "the holder ended before it held a parent"
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        taken = take(uri, ELSEWHERE)
+        assert (taken.run_id, taken.resumed) == (parent, True)
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    try:
+        out, _ = holder.communicate(timeout=60)
+        assert out.startswith("LeaseLost ") and f"host {socket.gethostname()} (pid {os.getpid()})" in out, out
+        time.sleep(3 * ELSEWHERE.beat_s)
+        owner = Owner.parse(lease_tags_of(uri, parent)["kvsweep.lease_owner"])
+        assert owner is not None and owner.pid == os.getpid() and taken.lease.lost is None  # still the rival's
+    finally:
+        taken.lease.release()
+
+
+def test_a_live_holder_overrules_a_claim_in_progress_and_gives_way_to_one_read_back(uri):
+    """Another's tags still being claimed (count #0) over a holder that renews every 0.2 s: that claim cannot have
+    judged the lease stale, and the holder writes over it (the claim's read-back then fails). Another's tags
+    renewed (#1: its claimant read them back and holds them): the holder has lost the lease and says whose."""
+    taken = take(uri, ELSEWHERE)
+    rival = Owner("gpu-7", 9121, "feedface", "")
+    client = MlflowClient(uri)
+    try:
+        write(client, taken.run_id, lease_tags(rival, 0))
+        time.sleep(5 * ELSEWHERE.beat_s)
+        assert Owner.parse(lease_tags_of(uri, taken.run_id)["kvsweep.lease_owner"]) == taken.lease.owner
+        taken.lease.ensure()  # still ours
+        write(client, taken.run_id, lease_tags(rival, 1))
+        time.sleep(5 * ELSEWHERE.beat_s)
+        assert Owner.parse(lease_tags_of(uri, taken.run_id)["kvsweep.lease_owner"]) == rival  # not taken back
+        with pytest.raises(LeaseLost) as lost:
+            taken.lease.ensure()
+        assert "host gpu-7 (pid 9121)" in str(lost.value) and taken.run_id in str(lost.value)
+    finally:
+        taken.lease.release()
+    assert Owner.parse(lease_tags_of(uri, taken.run_id)["kvsweep.lease_owner"]) == rival  # a lost lease: left alone

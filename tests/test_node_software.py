@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import kvsweep
-from kvsweep.driver.node_software import describe_software, fingerprint
 from kvsweep.driver.software_survey import NodeReport, gpu_models, mismatch_line, software_differences
+from kvsweep.node_software import describe_software, fingerprint
 from kvsweep.testing.testing_config import REPORTED_VERSIONS_ENV
 
 BACKENDS = ("optimum-quanto", "hqq", "bitsandbytes", "torchao")
@@ -44,7 +44,7 @@ def test_report_gives_the_installed_versions_and_torchs_build_tag():
 
 def sources_hash(package_parent: Path) -> str:
     """`kvsweep_sources()` as a fresh process importing kvsweep from `package_parent` reports it."""
-    code = "from kvsweep.driver.node_software import kvsweep_sources; print(kvsweep_sources())"
+    code = "from kvsweep.node_software import kvsweep_sources; print(kvsweep_sources())"
     env = {**os.environ, "PYTHONPATH": str(package_parent)}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
 
@@ -180,7 +180,7 @@ def test_a_local_instance_is_asked_in_process_and_answers_as_a_task_on_its_node_
 
 
 def test_cells_on_the_cpu_compare_no_nvidia_driver():
-    from kvsweep.driver.node_software import CPU_CELLS_SOFTWARE
+    from kvsweep.node_software import CPU_CELLS_SOFTWARE
 
     nodes = [node(1), node(2, nvidia_driver="none", gpu="none")]  # a GPU node and a CPU node run CPU cells
     assert software_differences(DRIVER, nodes, CPU_CELLS_SOFTWARE) == []

@@ -117,6 +117,30 @@ def test_a_drop_mcnemar_resolves_is_a_loss_where_the_independent_intervals_staye
     assert decision.pick.label == "dynamic" and "McNemar" in decision.summary()
 
 
+def test_a_sweep_read_back_from_mlflow_pairs_its_trials_as_the_live_one_did(migrated_store, tmp_path):
+    """A resumed sweep and `kvsweep report` read cells back from MLflow: their task trials come back from each
+    cell's task.jsonl, so the gate decides by McNemar as the live sweep did, not by the independent intervals."""
+    import shutil
+
+    from kvsweep.tracking.client import SweepTracker
+    from kvsweep.tracking.store import cell_results
+
+    shutil.copyfile(migrated_store, tmp_path / "mlflow.db")
+    tracker = SweepTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "kvsweep")
+    parent = tracker.start_sweep("trials", "key", {}, "name: trials\n")
+    live = [
+        quality_cell("dynamic", [True] * 27 + [False] * 3),
+        quality_cell("quantized-hqq-int4", [True] * 20 + [False] * 10),
+    ]
+    for result in live:
+        run_id = tracker.open_cell(parent, result.cell_id, result.cell, "cpu", "trials")
+        tracker.finish_cell(run_id, result, "cpu", {})
+    read_back = cell_results(tracker.client, tracker.experiment_id, parent)
+    assert {r.cell_id: r.trials for r in read_back} == {r.cell_id: r.trials for r in live}
+    [decision] = decide(read_back, Settings())
+    assert "McNemar p=0.0156" in decision.summary() and decision.summary() == decide(live, Settings())[0].summary()
+
+
 def test_trials_that_are_not_the_same_questions_are_not_paired():
     dynamic = quality_cell("dynamic", [True] * 16)
     other = quality_cell("static", [True] * 16)

@@ -165,6 +165,22 @@ def test_a_quality_figure_is_drawn_per_facet_with_a_task(tmp_path):
     assert (tmp_path / names[1]).stat().st_size > 10_000
 
 
+def test_the_kl_panel_shows_no_negative_divergence():
+    """KL is never negative: its symlog axis starts at zero rather than mirroring its decades below it."""
+    from kvsweep.report.plots import _quality_figure, colours, facet_key
+
+    results = [
+        cell(cache, 16, context=context, kl_divergence=kl)
+        for context in (1024, 4096)
+        for cache, kl in (("dynamic", 0.0), ("quantized-hqq-int8", 3e-6), ("quantized-hqq-int2", 1.4))
+    ]
+    figure = _quality_figure(facet_key(results[0]), "m", results, colours(results), 0.5)
+    [kl] = [ax for ax in figure.axes if "KL" in ax.get_title()]
+    bottom, top = kl.get_ylim()
+    assert bottom == 0 and top > 1.4
+    assert all(tick >= 0 for tick in kl.get_yticks() if bottom <= tick <= top)
+
+
 @pytest.mark.parametrize("shape_only", ["true"])
 def test_random_weights_run_no_task_and_are_only_flagged(shape_only):
     results = [cell("dynamic"), cell("quantized-hqq-int2", tpot=6.0, kl_divergence=0.5, token_agreement=0.2)]

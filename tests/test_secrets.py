@@ -84,7 +84,7 @@ def test_no_file_written_and_no_mlflow_artifact_holds_a_credential(
     written = [p for p in run_dir.rglob("*") if p.is_file()]
     names = {str(p.relative_to(run_dir)) for p in written}
     expected = {".hydra/config.yaml", ".hydra/overrides.yaml", "journal.jsonl", "plan.txt", "results.csv"}
-    assert expected | {"results.txt", "report/report.html", "report/selection.md"} <= names, names
+    assert expected | {"results.txt", "results.json", "report/report.html", "report/selection.md"} <= names, names
     leaks = {str(p.relative_to(run_dir)): _leaks(p.read_bytes()) for p in written}
     assert not {k: v for k, v in leaks.items() if v}
 

@@ -102,6 +102,21 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     assert "parent run" in proc.stdout and "mlflow ui --backend-store-uri" in proc.stdout
     assert "/#/experiments/" in proc.stdout
     assert (tmp_path / "run" / "results.csv").exists() and (tmp_path / "run" / ".hydra" / "config.yaml").exists()
+    # results.json, for scripts: the same cells MLflow holds, the selection the terminal printed, the sweep's params
+    assert "results.json" in artifacts
+    document = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert {c["cell_id"]: c["status"] for c in document["cells"]} == {
+        c.data.tags["kvsweep.cell_id"]: c.data.tags["kvsweep.status"] for c in children
+    }
+    by_id = {c.data.tags["kvsweep.cell_id"]: c for c in children}
+    for cell in document["cells"]:
+        assert cell["metrics"].get("tpot_ms") == by_id[cell["cell_id"]].data.metrics.get("tpot_ms")
+    [group] = document["selection"]
+    assert group["context_length"] == 128 and group["pick"] in {"dynamic", "static"}
+    assert group["summary"] in proc.stdout  # the line the terminal printed
+    strategies = {e["cache"]: e["status"] for e in group["strategies"]}
+    assert strategies["dynamic"] == strategies["static"] == "ok" and strategies.get("offloaded", "skipped") == "skipped"
+    assert document["sweep"]["name"] == "quickstart" and document["sweep"]["measure.repeats"] == 2
 
 
 def test_oom_skipped_and_bad_model_do_not_stop_the_sweep(run_sweep):

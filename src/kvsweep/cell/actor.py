@@ -74,8 +74,11 @@ class CellActor:
     def run(self, request: CellRequest, forked: bool = False) -> dict:
         started_at = time.time()
         self.timeline["run_at"] = started_at
-        result = self._forked(request) if forked else self._here(request)
         context = ray.get_runtime_context()
+        # A node that joined after the driver's survey is checked here, before anything is measured on it.
+        node_software = request.options.software.check_here(context.get_node_id(), ray.util.get_node_ip_address())
+        result = self._forked(request) if forked else self._here(request)
+        result["environment"].update(node_software)
         ended_at = time.time()
         self.timeline["returned_at"] = ended_at
         result["environment"].update(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kvsweep.caches.strategy import CacheStrategy
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
+from kvsweep.node_software import SoftwareCheck
 from kvsweep.testing.testing_config import Seams
 
 
@@ -19,6 +20,7 @@ class RunOptions:
     strategies: tuple[CacheStrategy, ...] = ()  # registered in the driver beyond the built-ins: learnt first
     hub_cache: Mapping[str, str] = field(default_factory=dict)  # Hub models fetched before any cell -> cache
     cpus_per_cell: int = 0  # what Ray reserved for the cell's actor (0: not known), for its thread count
+    software: SoftwareCheck = field(default_factory=SoftwareCheck)  # a node the survey did not see: checked first
 
 
 @dataclass(frozen=True)

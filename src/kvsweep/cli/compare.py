@@ -28,7 +28,7 @@ class BadArguments(Exception):
 
 def compare_main(argv: list[str]) -> int:
     from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD
-    from kvsweep.config.schema import DEFAULT_EXPERIMENT
+    from kvsweep.config.tool_variables import default_experiment
 
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep compare",
@@ -44,8 +44,8 @@ def compare_main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--experiment",
-        default=DEFAULT_EXPERIMENT,
-        help=f"experiment for names and latest (default {DEFAULT_EXPERIMENT})",
+        default=default_experiment(),
+        help="experiment for names and latest (default: MLFLOW_EXPERIMENT_NAME, else kvsweep)",
     )
     parser.add_argument(
         "--threshold",

@@ -16,7 +16,8 @@ T = TypeVar("T")
 
 
 def report_main(argv: list[str]) -> int:
-    from kvsweep.config.schema import DEFAULT_EXPERIMENT, OBJECTIVES, RANK_BY, RANK_BY_PERCENTILES
+    from kvsweep.config.schema import OBJECTIVES, RANK_BY, RANK_BY_PERCENTILES
+    from kvsweep.config.tool_variables import default_experiment
 
     parser = argparse.ArgumentParser(
         prog="python -m kvsweep report",
@@ -24,7 +25,9 @@ def report_main(argv: list[str]) -> int:
     )
     parser.add_argument("--run-id", help="the sweep's parent run (default: the latest sweep in the experiment)")
     parser.add_argument(
-        "--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default: {DEFAULT_EXPERIMENT})"
+        "--experiment",
+        default=default_experiment(),
+        help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else kvsweep)",
     )
     parser.add_argument(
         "--tracking-uri",
@@ -59,7 +62,13 @@ def rebuild_report(
 ) -> int:
     """Read the sweep back through `tracking/store.py` (what a resuming sweep reads) and write its report."""
     from kvsweep.redact import redact_uri
-    from kvsweep.report.report_files import ReportContext, settings_from, write_report, write_tables
+    from kvsweep.report.report_files import (
+        ReportContext,
+        settings_from,
+        write_report,
+        write_results_json,
+        write_tables,
+    )
     from kvsweep.tracking.client import tag_runs
     from kvsweep.tracking.mlflow_ui import default_tracking_uri, run_url
     from kvsweep.tracking.store import cell_results, latest_sweep, open_client
@@ -103,6 +112,7 @@ def rebuild_report(
         {runs[cid]: metrics for cid, metrics in report.run_metrics.items() if cid in runs},
     )
     table = write_tables(results, report.folder)
+    write_results_json(report.folder, results, report.decisions, dict(parent.data.params))
     print(f"sweep {name} (parent run {run_id}): {len(results)} cells\n")
     print(table)
     print(f"\n{report.short_form}\n")

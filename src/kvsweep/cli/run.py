@@ -160,24 +160,43 @@ def run(overrides: list[str]) -> int:
 
 
 def config_help() -> str:
-    """Every key with its help and the value `python -m kvsweep` would use (the default sweep composed)."""
+    """Every key with its help and where its default comes from: the schema's value, and the value the sweep run
+    when no `+sweep` is named uses where that sweep sets another; then what the names may be (sweeps, measure
+    presets, model presets, caches)."""
     import dataclasses
 
-    from kvsweep.config.compose import compose_config
+    from kvsweep.caches.registry import allowed_cache_names
+    from kvsweep.config.compose import DEFAULT_SWEEP, compose_config, conf_dir, register_sweeps
     from kvsweep.config.schema import KvSweepConfig
+    from kvsweep.models.presets import PRESETS
 
     used = dataclasses.asdict(compose_config([]).config)
-    lines = ["", "Config keys (key=VALUE), with the value `python -m kvsweep` uses (its default sweep composed):"]
+    schema = dataclasses.asdict(KvSweepConfig())
+    lines = [
+        "",
+        "Config keys (key=VALUE) with the schema's default and, where it differs, the value `python -m kvsweep` uses "
+        f"here: the {DEFAULT_SWEEP} sweep's (run when no +sweep is named; a +sweep=NAME sets its own), or Ray's and "
+        "MLflow's variables resolved:",
+    ]
 
-    def walk(node: type, values: dict, prefix: str) -> None:
+    def walk(node: type, values: dict, defaults: dict, prefix: str) -> None:
         for f in dataclasses.fields(node):
             if dataclasses.is_dataclass(f.default_factory):
-                walk(f.default_factory, values[f.name], f"{prefix}{f.name}.")
-            else:
-                key = f"{prefix}{f.name}"
-                lines.append(f"  {key:<30} {f.metadata.get('help', '')} (default {values[f.name]})")
+                walk(f.default_factory, values[f.name], defaults[f.name], f"{prefix}{f.name}.")
+                continue
+            key, value, default = f"{prefix}{f.name}", values[f.name], defaults[f.name]
+            source = f"default {default!r}" if value == default else f"default {default!r}; here {value!r}"
+            lines.append(f"  {key:<30} {f.metadata.get('help', '')} ({source})")
 
-    walk(KvSweepConfig, used, "")
+    walk(KvSweepConfig, used, schema, "")
+    presets = sorted(p.stem for p in (conf_dir() / "measure").glob("*.yaml"))
+    lines += [
+        "",
+        f"Sweeps (+sweep=NAME): {', '.join(sorted(set(register_sweeps())))}",
+        f"Measure presets (measure=NAME): {', '.join(presets)}",
+        f"Model presets (grid.models, random weights of a real model's shapes): {', '.join(sorted(PRESETS))}",
+        f"Caches (grid.caches): {allowed_cache_names()}",
+    ]
     return "\n".join(lines)
 
 

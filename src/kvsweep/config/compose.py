@@ -8,6 +8,7 @@ becomes one clear line and exit code 2 before Ray starts. The run folder follows
 """
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvsweep.config.schema import KvSweepConfig, register_schema
+from kvsweep.config.tool_variables import resolved_environment
 from kvsweep.config.validate import validate
 from kvsweep.errors import ConfigError, first_line
 from kvsweep.redact import redact_text
@@ -103,6 +105,21 @@ def with_default_sweep(overrides: list[str]) -> list[str]:
     return overrides if chosen else [f"+sweep={DEFAULT_SWEEP}", *overrides]
 
 
+def check_sweep_choice(overrides: list[str], sweeps: list[str]) -> None:
+    """`sweep=NAME` without the plus, and a name no sweep file has, in one line naming what was typed (Hydra's own
+    errors name neither)."""
+    for override in overrides:
+        key, _, name = override.partition("=")
+        if key.lstrip("~") != "sweep" and key != "+sweep":
+            continue
+        if key == "sweep":
+            raise ConfigError(f"{override}: a sweep is added with a plus: +sweep={name}")
+        if key == "+sweep" and name not in sweeps:
+            close = difflib.get_close_matches(name, sweeps, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"+sweep={name}: unknown sweep; {hint}available: {', '.join(sorted(set(sweeps)))}")
+
+
 @dataclasses.dataclass
 class Composed:
     config: KvSweepConfig  # the schema's typed objects, resolved and validated: what every stage reads
@@ -127,6 +144,7 @@ def hydra_initialized() -> Iterator[GlobalHydra]:
 def compose_config(overrides: list[str]) -> Composed:
     register_schema()
     sweeps = register_sweeps()
+    check_sweep_choice(overrides, sweeps)
     overrides = with_default_sweep(overrides)
     try:
         with hydra_initialized():
@@ -137,7 +155,12 @@ def compose_config(overrides: list[str]) -> Composed:
             cfg.pop("hydra")
             testing = OmegaConf.to_container(cfg.pop("testing"), resolve=True) if "testing" in cfg else None
             plain = OmegaConf.to_container(cfg, resolve=True)
-            validate(plain, given=[o.split("=", 1)[0].lstrip("+~") for o in overrides])
+            given = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+            for section, values in resolved_environment(plain, given).items():  # RAY_ADDRESS, MLFLOW_*
+                plain[section].update(values)
+                for key, value in values.items():
+                    cfg[section][key] = value
+            validate(plain, given=given)
             typed = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(describe_error(exc, sweeps)) from None

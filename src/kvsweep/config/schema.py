@@ -67,7 +67,11 @@ class InputsConfig:
 
 @dataclass
 class RayConfig:
-    address: str = setting("", "empty: start a local instance; 'auto' or 'ray://host:port': join a cluster")
+    address: str = setting(
+        "",
+        "empty: RAY_ADDRESS if set, else a local instance; 'auto', 'host:port' or 'ray://host:port': join a "
+        "cluster; 'local': a local instance whatever RAY_ADDRESS says",
+    )
     gpus_per_cell: int = setting(
         1,
         "whole GPUs per cell on CUDA; above 1 the model's layers are split over them as the planner predicts",
@@ -97,7 +101,9 @@ class RayConfig:
 @dataclass
 class MlflowConfig:
     tracking_uri: str = setting("", "empty: MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db")
-    experiment: str = setting(DEFAULT_EXPERIMENT, "MLflow experiment for the sweep's runs")
+    experiment: str = setting(
+        DEFAULT_EXPERIMENT, "MLflow experiment for the sweep's runs; this default gives way to MLFLOW_EXPERIMENT_NAME"
+    )
 
 
 @dataclass

@@ -16,7 +16,7 @@ from kvsweep.grid import NO_WEIGHT_QUANTIZATION, cached_tokens
 from kvsweep.models.weight_schemes import weight_scheme
 from kvsweep.units import DTYPE_BYTES as DTYPES
 from kvsweep.workload.request_mix import WorkloadError
-from kvsweep.workload.workload_spec import FILE, SERVING_MODES, TRACE, workload_from_config
+from kvsweep.workload.workload_spec import FILE, LENGTHS, SERVING_MODES, TRACE, workload_from_config
 
 
 def validate(cfg: dict[str, Any], given: list[str] | None = None) -> None:
@@ -152,6 +152,22 @@ def _validate_workload(cfg: dict[str, Any], given: list[str]) -> None:
         for mode in workload["serving"]:
             if mode not in SERVING_MODES:
                 raise ConfigError(f"workload.serving: unknown mode {mode!r}; allowed: {', '.join(SERVING_MODES)}")
+    for key, why in IGNORED_BY_SOURCE.get(workload["source"], {}).items():
+        if workload[key]:
+            raise ConfigError(
+                f"workload.{key} is set but workload.source={workload['source']} {why}; drop workload.{key}"
+            )
+
+
+# Keys a workload source would silently ignore: set, they are refused (what the user typed must count).
+IGNORED_BY_SOURCE = {
+    TRACE: {
+        "input_lengths": "takes each request's prompt length from the trace",
+        "output_lengths": "takes each request's output length from the trace",
+    },
+    FILE: {"input_lengths": "takes each prompt's length from the prompts file"},
+    LENGTHS: {"path": "draws its requests from input_lengths/output_lengths, reading no file"},
+}
 
 
 class _Namespace:

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, TextIO
 
 from kvsweep.config.schema import KvSweepConfig
+from kvsweep.config.tool_variables import LOCAL_RAY
 from kvsweep.driver import ray_session
 from kvsweep.driver.capacity_search import plan_searches, search_text
 from kvsweep.driver.first_lines import first_lines
@@ -57,7 +58,7 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
 
 def cluster_resources(address: str) -> ray_session.RaySession:
     """What `ray_session.connect` would find, without starting a local instance."""
-    if address:
+    if address and address != LOCAL_RAY:
         session = ray_session.connect(address)
         ray_session.shutdown(session)
         return session

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from kvsweep.caches import CacheStrategy
+from kvsweep.config.tool_variables import LOCAL_RAY
 from kvsweep.errors import ClusterError
 
 # Ray 2.60 enables token auth and usage stats for local clusters and says so loudly.
@@ -36,7 +37,8 @@ _local_instance = ""  # the GCS address of the local instance this process start
 
 
 def connect(address: str) -> RaySession:
-    """Empty address: a fresh local instance; otherwise join (`auto`, `ray://...`) with no resource args.
+    """Empty address or `local`: a fresh local instance; otherwise join (`auto`, `ray://...`) with no resource
+    args. `RAY_ADDRESS` was resolved into the address when the config was composed (`config/tool_variables.py`).
 
     An already-initialised Ray (a test session, a notebook) is reused as it is; `local` says whether this
     process started it as a local instance (`connect("")`), whose workers see what this process sees.
@@ -48,7 +50,7 @@ def connect(address: str) -> RaySession:
 
     started_here = False
     if not ray.is_initialized():
-        if address:
+        if address and address != LOCAL_RAY:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         else:
             for key, value in WORKER_NICENESS_ENV.items():

@@ -2,29 +2,32 @@
 
 Every node that can run a cell reports its software (`node_software.py`, metadata only) in one tiny Ray task that
 asks no CPU, so a node whose CPUs are all taken still answers; a mismatch stops the sweep (exit 2) unless
-`ray.allow_mixed_versions=true`, and differing GPU models are said. A local instance this process started is
-asked in this process instead: Ray runs its workers with this interpreter and environment, so a task there would
-report the same, a worker start later (0.3 s against 0.02 s on 2 cores; every test sweep connects).
+`ray.allow_mixed_versions=true`, and differing GPU models are said. A node that joins later (autoscaling) is
+checked by its first cell, against what the surveyed nodes agree on, before it measures (`SoftwareCheck`).
+A local instance this process started is asked in this process instead: Ray runs its workers with this
+interpreter and environment, so a task there would report the same, a worker start later (0.3 s against 0.02 s
+on 2 cores; every test sweep connects).
 """
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvsweep.driver.actor_placement import with_cpus_resolved
-from kvsweep.driver.node_software import (
+from kvsweep.driver.ray_session import CellNeeds, can_hold
+from kvsweep.errors import ClusterError, first_line
+from kvsweep.names import GPU_MODEL_PARAM, NODE_SOFTWARE_PARAM
+from kvsweep.node_software import (
     CPU_CELLS_SOFTWARE,
     DRIVER_SOFTWARE,
     GPU,
     NO_GPU,
     SOFTWARE,
+    SoftwareCheck,
     describe_software,
     fingerprint,
 )
-from kvsweep.driver.ray_session import CellNeeds, can_hold
-from kvsweep.errors import ClusterError, first_line
-from kvsweep.names import GPU_MODEL_PARAM, NODE_SOFTWARE_PARAM
 
 NAMED_PER_VALUE = 3  # nodes named beside one value; more are counted
 DRIVER = "the driver"
@@ -111,10 +114,12 @@ SURVEY_TIMEOUT_S = 60.0  # a worker's start and a metadata read on a busy node; 
 
 @dataclass(frozen=True)
 class Survey:
-    """The driver's report and those of the nodes that can run a cell."""
+    """The driver's report and those of the nodes that can run a cell; `check`: what a cell on a node not among
+    them (one that joined later) compares its node with before measuring."""
 
     driver: dict[str, str]
     nodes: list[NodeReport] = field(default_factory=list)
+    check: SoftwareCheck = field(default_factory=SoftwareCheck)
 
     def gpu_names(self) -> list[str]:
         """The GPU models the nodes reported (what the forecast detects its GPU from when the driver has none)."""
@@ -147,7 +152,22 @@ def check_software(needs: CellNeeds, local: bool, allow_mixed: bool, say: Callab
         say(mismatch_line(differences, allowed=True))
     if needs.gpus and (models := gpu_models(survey.nodes)):
         say(gpu_line(models))
-    return survey
+    return replace(survey, check=later_nodes_check(survey, fields, allowed=bool(differences)))
+
+
+def later_nodes_check(survey: Survey, fields: Sequence[str], allowed: bool) -> SoftwareCheck:
+    """What a node that joins after connect must report to run cells: each compared field's value on the surveyed
+    nodes (the driver's, for its own fields, where no node answered). Nothing to match where mixed versions were
+    measured anyway: such a node's cells only record its software."""
+    surveyed = frozenset(node.node_id for node in survey.nodes)
+    reports = [node.report for node in survey.nodes if node.report is not None]
+    if allowed:
+        return SoftwareCheck(surveyed, {}, enabled=True)
+    if reports:
+        reference = {key: reports[0].get(key, "") for key in fields}
+    else:
+        reference = {key: survey.driver.get(key, "") for key in fields if key in DRIVER_SOFTWARE}
+    return SoftwareCheck(surveyed, reference, enabled=True)
 
 
 def take_survey(needs: CellNeeds, local: bool, timeout_s: float = SURVEY_TIMEOUT_S) -> Survey:

@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, TextIO
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.driver.job_sources import GridJobs, JobSource, OomPruner, SearchJobs
 from kvsweep.driver.progress import SweepProgress
-from kvsweep.driver.sweep_finish import SignalInterrupts, finish, interrupts_ignored
+from kvsweep.driver.sweep_finish import SignalInterrupts, finish, interrupts_ignored, lease_lost
 from kvsweep.driver.sweep_tracking import Tracking, open_tracking
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import ResultTag
+from kvsweep.names import NODE_SOFTWARE_PARAM, ResultTag
+from kvsweep.node_software import SoftwareCheck
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, predicted_metrics, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 from kvsweep.testing.testing_config import Seams
-from kvsweep.tracking.lease import LeaseHeld
+from kvsweep.tracking.lease import LeaseHeld, LeaseLost
 
 if TYPE_CHECKING:
     from kvsweep.driver.actor_placement import Templates
@@ -47,6 +48,7 @@ def run_sweep(
     connect (the warm templates start importing at once), plan, open tracking, fetch Hub models, build native
     extensions, resume, run the jobs (recording each result), then the table, the report and the closing lines.
     `inputs`: the choice, when the caller made it already. Returns the exit code."""
+    from kvsweep.config.tool_variables import ray_address_note, tracking_uri
     from kvsweep.driver import ray_session
     from kvsweep.driver.first_lines import first_lines
     from kvsweep.driver.hub_prefetch import fetch_for_sweep
@@ -54,12 +56,13 @@ def run_sweep(
     from kvsweep.driver.native_builds import prebuild
     from kvsweep.driver.ray_session import prewarm
     from kvsweep.driver.sweep_forecast import forecast_jobs, refined
-    from kvsweep.tracking.mlflow_ui import default_tracking_uri
 
     inputs, seams, say = inputs or choose_inputs(cfg), seams or Seams(), Lines(out or sys.stdout)
-    uri = default_tracking_uri(cfg.mlflow.tracking_uri)  # absolute before Ray starts (it changes directory)
+    uri = tracking_uri(cfg.mlflow.tracking_uri)  # composed already; absolute before Ray starts (it changes directory)
     for line in first_lines(cfg, inputs):
         say(line)
+    if joining := ray_address_note(cfg.ray.address):
+        say(joining)
     prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)
     tracking: Tracking | None = None
@@ -83,8 +86,11 @@ def run_sweep(
         say(forecast.bill.lines()[0] + (f"; {refinement}" if refinement else ""))
         sweep = Sweep(cfg, run_dir, inputs, tracking, source, cluster.software, say, forecast=forecast)
         jobs = source.start(tracking.done, sweep)
-        interrupted = run_jobs(sweep, jobs, cluster, hub_cache, seams)
-        return interrupted if interrupted is not None else finish(sweep)
+        try:
+            interrupted = run_jobs(sweep, jobs, cluster, hub_cache, seams)
+            return interrupted if interrupted is not None else finish(sweep)
+        except LeaseLost as lost:  # stopped or cut off past its lease: another sweep writes to the parent now
+            return lease_lost(lost, tracking.journal.path, len(sweep.results))
     finally:
         if tracking is not None:
             tracking.sink.release()  # the parent run's lease ends with the sweep, however it ends
@@ -211,7 +217,8 @@ class Sweep:
         result.error, result.traceback = redact_text(result.error), redact_text(result.traceback)
         result.cell = replace(result.cell, model=redact_text(result.cell.model))
         result.tags.update(shape_only_tags(result.cell.model))
-        if self.software is not None and (node := result.environment.get("ray_node_id")):
+        node = result.environment.get("ray_node_id")
+        if self.software is not None and node and NODE_SOFTWARE_PARAM not in result.environment:
             result.environment.update(self.software.cell_environment(str(node)))  # its node's software and GPU
         if reason := self.inputs.reasons.get(result.cell.model):
             result.tags[ResultTag.INPUTS_REASON] = redact_text(reason)
@@ -252,6 +259,7 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
         prestart=cfg.ray.prestart,
     )
     options = RunOptions(
+        software=cluster.software.check if cluster.software is not None else SoftwareCheck(),
         trust_remote_code=cfg.trust_remote_code,
         strategies=tuple(send_strategies_by_value(registered_beyond_built_ins())),  # an actor knows the built-ins
         hub_cache=hub_cache,  # fetched Hub models: each cell loads them from the cache, offline
@@ -275,6 +283,10 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
                 on_wait=lambda job, text: sweep.say(text),
                 follow_up=sweep.follow_up,
             )
+    except LeaseLost:
+        with interrupts_ignored():
+            scheduler.kill_all()  # their results would go nowhere: the parent is another sweep's
+        raise
     except KeyboardInterrupt:
         with interrupts_ignored():
             killed = scheduler.kill_all()

@@ -6,16 +6,18 @@ Ctrl-C and SIGTERM (`SignalInterrupts`) both end a sweep this same, orderly way.
 
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, TASK_JSONL
 from kvsweep.redact import redact_uri
-from kvsweep.report.report_files import write_tables
+from kvsweep.report.report_files import write_results_json, write_tables
 from kvsweep.results import RESULT_STATUSES
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ def finish(sweep: "Sweep") -> int:
     counts = sweep.progress.counts_by_status()
     journal.write_end("FINISHED", counts)
     report = _write_report(sweep)
+    write_results_json(run_dir, results, report.decisions if report else [], tracking.header.params)
     selection = report.short_form if report else ""
     if report and report.capacity:  # the frontiers beside results.csv: logged on the parent with it
         shutil.copyfile(report.folder / CAPACITY_CSV, run_dir / CAPACITY_CSV)
@@ -62,6 +65,17 @@ def finish(sweep: "Sweep") -> int:
         say(f"  compare strategies: {compare_url(uri, sink.tracker.experiment_id, sink.parent_run_id)}")
     say(f"  local copy: {run_dir}")
     return 0 if all(r.status in RESULT_STATUSES for r in results) else 1
+
+
+def lease_lost(lost: Exception, journal: Path, results: int) -> int:
+    """The one line a sweep ends in when another took its parent while it was stopped or cut off; exit 2."""
+    print(
+        f"kvsweep: {lost}; its {results} results are in {journal} "
+        f"(python -m kvsweep sync {journal.parent} sends those the parent lacks)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 2
 
 
 def task_failures(decisions: "list[Decision]") -> str:

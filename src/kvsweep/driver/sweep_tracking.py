@@ -129,7 +129,7 @@ def open_tracking(
     )
     journal = Journal(run_dir)
     journal.write_header(header)
-    tracker = SweepTracker(uri, header.experiment)
+    tracker = SweepTracker(uri, header.experiment, seams.mlflow_faults)
     sink = MlflowSink(tracker, journal, header, say, LeaseTimes(**seams.lease))
     done = sink.open(resume=not cfg.rerun)
     left = None if cfg.rerun or done or sink.down else older_parent(sink.tracker, cfg)

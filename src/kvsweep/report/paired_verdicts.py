@@ -93,8 +93,8 @@ def _trial_key(trial: dict[str, Any]) -> tuple:
 
 def paired_trials(mine: CellResult, reference: CellResult, task: str | None = None) -> PairedAccuracy | None:
     """McNemar's test on the trials of `task` (a trial's `kind`; None: all of them) both cells answered; None when
-    either kept no such trials or they do not share them all (a report rebuilt from MLflow: the independent
-    intervals decide then)."""
+    either kept no such trials or they do not share them all (a cell logged before trials were kept: the
+    independent intervals decide then)."""
     ours = [t for t in mine.trials if task is None or t.get("kind") == task]
     theirs = {_trial_key(t): bool(t.get("correct")) for t in reference.trials if task is None or t.get("kind") == task}
     pairs = [(bool(t.get("correct")), theirs[_trial_key(t)]) for t in ours if _trial_key(t) in theirs]

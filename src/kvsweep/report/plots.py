@@ -127,6 +127,7 @@ def _kl_limit(ax: Axes, max_kl: float | None) -> None:
     """KL spans decades (0 for dynamic itself, 1e-4 for int8, over 1 for int2): linear near zero, logarithmic
     above a hundredth of the limit."""
     ax.set_yscale("symlog", linthresh=(max_kl or 0.5) / 100)
+    ax.set_ylim(bottom=0)  # a divergence is never negative: no ticks below zero (symlog mirrors its decades)
     if max_kl is not None:
         ax.axhline(max_kl, color="black", linestyle="--", linewidth=1.2, label=f"report.max_kl {max_kl:g}")
 

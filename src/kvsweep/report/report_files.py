@@ -1,4 +1,4 @@
-"""Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt).
+"""Write a sweep's report into a folder (plots/, selection.md, report.html) and its tables (results.csv/.txt/.json).
 
 One function for the end of a live sweep (`<run dir>/report`, then logged on the parent run under `report/`) and
 `python -m kvsweep report` (from MLflow alone); with a capacity search, its figures and `capacity.csv` too; with
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsweep.capacity.frontier import Frontier
-from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR
+from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, RESULTS_JSON
 from kvsweep.report.capacity_assessment import Capacity, CapacityContext, assess
 from kvsweep.report.capacity_report import capacity_csv, capacity_section, draw_capacity
 from kvsweep.report.compile_payback import payback_findings
@@ -21,6 +21,7 @@ from kvsweep.report.markdown import intro, selection_markdown, short_form
 from kvsweep.report.paired_verdicts import fill_paired_ratios
 from kvsweep.report.pareto_table import pareto_csv
 from kvsweep.report.plots import colours, draw_facets
+from kvsweep.report.results_json import results_json
 from kvsweep.report.saturation import load_lines
 from kvsweep.report.selection import Decision, Settings, decide, quality_loss_tags
 from kvsweep.report.table import Listing, list_decisions, results_csv, results_table
@@ -36,6 +37,7 @@ __all__ = [
     "ReportContext",
     "settings_from",
     "write_report",
+    "write_results_json",
     "write_tables",
 ]
 
@@ -159,3 +161,11 @@ def write_tables(results: list[CellResult], folder: Path) -> str:
     (folder / "results.csv").write_text(results_csv(results))
     (folder / "results.txt").write_text(table)
     return table
+
+
+def write_results_json(
+    folder: Path, results: list[CellResult], decisions: list[Decision], params: dict[str, Any]
+) -> None:
+    """`results.json` (the sweep's params, every cell, the selection) beside `results.csv`, for scripts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RESULTS_JSON).write_text(results_json(results, decisions, params))

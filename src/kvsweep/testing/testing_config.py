@@ -1,6 +1,8 @@
 """Test seams a sweep accepts outside the user-facing config: `+testing.faults=[...]`, `+testing.runner=...`,
 `+testing.hub=FOLDER` (Hub repos served from a folder, `fake_hub.py`), `+testing.lease={period_s: 3, by_pid: false}`
-(the parent run's lease on short times, judged as from another host: `tracking/lease.py`).
+(the parent run's lease on short times, judged as from another host: `tracking/lease.py`),
+`+testing.mlflow_faults={child_runs: 1}` (a call of the sweep's MLflow tracker fails its first N times, as an
+MLflow server that drops a request would: `tracking/client.py`).
 
 Not in the schema, `--help` nor the saved config: composition takes the `testing` node off before typing and hands
 it here, to be checked (one line per mistake) and become the typed `Seams` each cell's request carries.
@@ -37,8 +39,9 @@ class Fault:
 
 
 FAULT_KEYS = ("match", "fault", "during", "ms_per_token")
-SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices", "lease")
+SEAM_KEYS = ("faults", "runner", "sleep_s", "hub", "split_devices", "lease", "mlflow_faults")
 LEASE_KEYS = ("beat_s", "period_s", "window_s", "by_pid")  # tracking/lease.py's LeaseTimes
+MLFLOW_FAULT_CALLS = ("child_runs",)  # the tracker's calls `+testing.mlflow_faults={NAME: N}` fails N times
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Seams:
     hub: str = ""  # a folder of repos served in place of the Hugging Face Hub (fake_hub.py)
     split_devices: int = 0  # each cell's model placed over this many CPU devices, as over that many GPUs
     lease: dict[str, Any] = field(default_factory=dict)  # the parent run's lease times (LEASE_KEYS)
+    mlflow_faults: dict[str, int] = field(default_factory=dict)  # tracker call -> how many times it fails first
     start_at: float = 0.0  # when the busy stand-in starts spinning (a test's shared window; not from the config)
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,7 +75,18 @@ def seams_from(raw: dict[str, Any] | None) -> Seams:
     if isinstance(split, bool) or not isinstance(split, int) or split < 0:
         raise ConfigError(f"testing.split_devices: {split!r} is not a whole number of devices (0: no split)")
     lease = _lease(dict(raw.get("lease") or {}))
-    return Seams(faults, str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0), hub, split, lease)
+    mlflow_faults = _mlflow_faults(dict(raw.get("mlflow_faults") or {}))
+    runner, sleep_s = str(raw.get("runner") or ""), float(raw.get("sleep_s") or 0.0)
+    return Seams(faults, runner, sleep_s, hub, split, lease, mlflow_faults)
+
+
+def _mlflow_faults(given: dict[str, Any]) -> dict[str, int]:
+    for call, times in given.items():
+        if call not in MLFLOW_FAULT_CALLS:
+            raise ConfigError(f"testing.mlflow_faults.{call}: unknown call; allowed: {', '.join(MLFLOW_FAULT_CALLS)}")
+        if isinstance(times, bool) or not isinstance(times, int) or times < 0:
+            raise ConfigError(f"testing.mlflow_faults.{call}: {times!r} is not a whole number of failures")
+    return given
 
 
 def _lease(given: dict[str, Any]) -> dict[str, Any]:

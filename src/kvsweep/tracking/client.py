@@ -45,8 +45,12 @@ HTTP_DEFAULTS = {
 }
 
 
+class InjectedFailure(ConnectionError):
+    """A tracker call failed on purpose (`+testing.mlflow_faults`), as a dropped request to MLflow would."""
+
+
 class SweepTracker:
-    def __init__(self, tracking_uri: str, experiment: str) -> None:
+    def __init__(self, tracking_uri: str, experiment: str, faults: dict[str, int] | None = None) -> None:
         # MLflow prints a "View run" link per run with the URI as given, credentials included;
         # kvsweep prints its own, redacted, link instead.
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
@@ -56,6 +60,12 @@ class SweepTracker:
         self.experiment = experiment
         self.client = open_client(tracking_uri)  # a fresh sqlite store gets its tables now (`store.py`)
         self._experiment_id = ""
+        self._faults = dict(faults or {})  # test seam: call name -> failures left
+
+    def _fail_if_injected(self, call: str) -> None:
+        if self._faults.get(call, 0) > 0:
+            self._faults[call] -= 1
+            raise InjectedFailure(f"MLflow dropped the {call} request (injected by test)")
 
     @property
     def experiment_id(self) -> str:
@@ -144,15 +154,30 @@ class SweepTracker:
     # -- the cells' child runs
     def child_runs(self, parent_run_id: str) -> dict[str, Run]:
         """Child runs by cell id (the latest one where, against the contract, there are several)."""
+        self._fail_if_injected("child_runs")
         return child_runs(self.client, self.experiment_id, parent_run_id)
+
+    def cell_run(self, parent_run_id: str, cell_id: str) -> Run | None:
+        """The parent's child run of this cell, if one exists (the earliest, where against the contract several do)."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`{RunTag.PARENT_ID}` = '{parent_run_id}' and tags.`{RunTag.CELL_ID}` = '{cell_id}'",
+            max_results=1,
+            order_by=["attributes.start_time ASC"],
+        )
+        return runs[0] if runs else None
 
     def open_cell(
         self, parent_run_id: str, cell_id: str, cell: Cell, device: str, sweep: str, model_name: str = ""
     ) -> str:
-        """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight.
+        """A RUNNING child run with the cell's identity and params, so the UI shows what is in flight; the one the
+        parent already has for this cell id if any (a parent holds one run per cell, whoever opened it).
 
         Its name shows the model's display name; the `model` param keeps the full reference.
         """
+        existing = self.cell_run(parent_run_id, cell_id)
+        if existing is not None:
+            return existing.info.run_id
         tags = {
             RunTag.PARENT_ID: parent_run_id,
             RunTag.RUN_NAME: cell_label(cell, model_name),

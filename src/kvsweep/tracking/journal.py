@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, Metric, ResultTag, RunTag
+from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, RESULTS_JSON, Metric, ResultTag, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 
@@ -114,7 +114,7 @@ def find_journals(path: Path) -> list[Path]:
 
 
 # logged on the parent run from the run folder
-SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", CAPACITY_CSV, PARETO_CSV)
+SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", RESULTS_JSON, CAPACITY_CSV, PARETO_CSV)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
@@ -128,14 +128,21 @@ def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
 
 def send_result(
     tracker: "SweepTracker", parent_run_id: str, cell_runs: dict[str, str], result: CellResult, header: SweepHeader
-) -> None:
+) -> bool:
+    """The result onto its cell's child run (opened here if none is known); False, sending nothing, where the
+    parent already holds a finished run of that cell that this sweep did not open (another sweep logged it)."""
     run_id = cell_runs.get(result.cell_id)
     if run_id is None:
+        existing = tracker.cell_run(parent_run_id, result.cell_id)
+        if existing is not None and RunTag.STATUS in existing.data.tags:
+            cell_runs[result.cell_id] = existing.info.run_id
+            return False
         model_name = header.model_names.get(result.cell.model, "")
         run_id = tracker.open_cell(parent_run_id, result.cell_id, result.cell, header.device, header.name, model_name)
         cell_runs[result.cell_id] = run_id
     tags = {**shape_only_tags(result.cell.model), **quality_tags(result, header.params)}
     tracker.finish_cell(run_id, result, header.device, tags)
+    return True
 
 
 def ensure_parent(tracker: "SweepTracker", header: SweepHeader, known_parent: str | None) -> str:

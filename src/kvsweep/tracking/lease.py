@@ -1,9 +1,11 @@
 """A running sweep's lease on its parent run, kept in the run's tags so it works on any MLflow store.
 
 MLflow has no compare-and-set and no server-side time for a tag, so no timestamps are compared between machines.
-The owner rewrites both tags every `beat_s`; a reader calls the lease live as soon as they change, and stale once
-they stayed the same for `period_s` on its own monotonic clock. A claim writes, waits and reads back: it holds the
-lease only if nobody wrote since (Fischer's mutual exclusion; the timing argument: docs/reliability.md).
+The owner reads both tags every `beat_s` and, while they are still its own, rewrites them; a reader calls the lease
+live as soon as they change, and stale once they stayed the same for `period_s` on its own monotonic clock. A claim
+writes, waits and reads back: it holds the lease only if nobody wrote since (Fischer's mutual exclusion). An owner
+that finds another's tags has lost the lease (it was stopped or cut off for a whole period) and sends nothing more
+(`Lease.ensure`, before every send; the timing argument and its conditions: docs/reliability.md).
 
 The owner is named by host, pid, a random token and its kernel identity (boot id, pid namespace, start time), so a
 reader on the same kernel and namespace tells at once whether it still runs (a dead or reused pid is a dead owner);
@@ -203,12 +205,37 @@ def claim(client: Any, run_id: str, owner: Owner, times: LeaseTimes, last_read: 
     return now.active and (now.owner_tag, now.beat) == (tags[RunTag.LEASE_OWNER], tags[RunTag.LEASE_HEARTBEAT])
 
 
+class LeaseLost(Exception):
+    """This sweep's lease was taken while it could not renew it (its process stopped, or cut off from MLflow for
+    longer than the lease): another sweep now writes to the parent, so this one stops before it sends anything."""
+
+    def __init__(self, run_id: str, owner: Owner | None, period_s: float) -> None:
+        self.run_id, self.owner, self.period_s = run_id, owner, period_s
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        who = f"host {self.owner.host} (pid {self.owner.pid})" if self.owner else "another sweep"
+        return (
+            f"parent run {self.run_id} now belongs to {who}: this sweep could not renew its lease for more than "
+            f"{self.period_s:g} s (stopped, or cut off from MLflow), so it stops here and sends nothing more"
+        )
+
+
 class Lease:
-    """This sweep's hold on its parent run: renewed by a background thread until released."""
+    """This sweep's hold on its parent run: renewed by a background thread until released or lost.
+
+    A renewal reads the tags first and writes only while they are still this sweep's own: an owner that was
+    stopped or cut off past `period_s` finds a rival's tags, stops renewing and is `lost` instead of taking the
+    parent back. The sink calls `ensure()` before every send; a send long after the last renewal (the whole
+    process was stopped, beat thread included) renews first, and writes nothing if the lease has gone."""
 
     def __init__(self, client: Any, run_id: str, owner: Owner, times: LeaseTimes) -> None:
         self.client, self.run_id, self.owner, self.times = client, run_id, owner, times
+        self.lost: LeaseLost | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # one renewal at a time: the beat thread's, or a send's
+        self._beat_count = 1
+        self._renewed_at = time.monotonic()  # the claim read its tags back just now
         self._thread = threading.Thread(target=self._beat, name="kvsweep-lease", daemon=True)
 
     def start(self) -> "Lease":
@@ -216,11 +243,42 @@ class Lease:
         return self
 
     def _beat(self) -> None:
-        beat = 1
         while not self._stop.wait(self.times.beat_s):
             with contextlib.suppress(Exception):  # MLflow away a moment: the next beat tries again (period_s)
-                write(self.client, self.run_id, lease_tags(self.owner, beat))
-            beat += 1
+                self._renew()
+            if self.lost is not None:
+                return
+
+    def _renew(self) -> None:
+        """Read the tags and write the next beat while they are ours; raises when MLflow cannot be reached.
+
+        Another's tags mean the lease is lost, with one exception: a claim still being taken (count `#0`) over
+        a holder that renewed within half a period cannot have judged it stale (a claim waits a whole period
+        without renewals); it is a rival that read the lease free a moment before, and the holder writes over
+        it, which that claim's read-back sees (it backs off). A holder back from longer away gives way."""
+        with self._lock:
+            if self.lost is not None:
+                return
+            seen = read(self.client, self.run_id)
+            away_s = seen.read_at - self._renewed_at
+            mine = seen.owner_tag == self.owner.tag()
+            overrules = not renewed(seen) and away_s < self.times.period_s / 2
+            if not seen.active or not (mine or overrules):
+                self.lost = LeaseLost(self.run_id, seen.owner, self.times.period_s)
+                return
+            sent = time.monotonic()
+            write(self.client, self.run_id, lease_tags(self.owner, self._beat_count))
+            self._beat_count += 1
+            self._renewed_at = sent
+
+    def ensure(self) -> None:
+        """Before a send: raises `LeaseLost` if the parent is another sweep's now. A lease renewed within half a
+        period is ours (a rival takes one only after a whole period without renewals); an older one is renewed
+        here first. Raises MLflow's error when it cannot be reached (the sink keeps the result and retries)."""
+        if self.lost is None and time.monotonic() - self._renewed_at >= self.times.period_s / 2:
+            self._renew()
+        if self.lost is not None:
+            raise self.lost
 
     def release(self) -> None:
         """Stop renewing and clear the tags if they are still ours (best effort: if MLflow cannot be reached,
@@ -228,6 +286,8 @@ class Lease:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(RELEASE_WAIT_S)
+        if self.lost is not None:
+            return
         try:
             if read(self.client, self.run_id).owner_tag != self.owner.tag():
                 return

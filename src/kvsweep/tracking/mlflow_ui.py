@@ -9,30 +9,19 @@ grid axis that varies: MLflow averages the runs within a group, so `cache` alone
 """
 
 import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from kvsweep.config.tool_variables import tracking_uri
 from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, with_interval
 from kvsweep.redact import redact_uri
 
 
 def default_tracking_uri(configured: str) -> str:
-    """Config, then MLFLOW_TRACKING_URI, then an absolute sqlite file in the current directory.
-
-    Made absolute before Ray starts: a relative sqlite path would mean another file elsewhere.
-    """
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri:
-        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
-    if "://" not in uri:  # a bare path
-        return f"sqlite:///{Path(uri).resolve()}"
-    return uri
+    """Config, then MLFLOW_TRACKING_URI, then an absolute sqlite file here (`config/tool_variables.py`)."""
+    return tracking_uri(configured)
 
 
 def runs_url(tracking_uri: str, experiment_id: str) -> str:

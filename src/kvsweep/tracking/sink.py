@@ -5,7 +5,12 @@ once, keeps the results queued and retries with backoff as the sweep goes on; at
 last bounded attempt and tells the user how to `sync` whatever is left.
 
 While the sweep runs, it holds a lease on its parent run (`lease.py`): another identical sweep
-refuses to resume that parent instead of measuring its cells a second time.
+refuses to resume that parent instead of measuring its cells a second time. Before each send the lease is
+checked; one taken by another sweep (this one was stopped or cut off past the lease) raises `LeaseLost`, and
+nothing more is sent: the journal keeps every result, and `sync` sends those the parent lacks.
+
+A resume that fails half-way (the parent taken, its cells not yet read) lets the parent go and tries once more;
+failing again, the sweep measures under a parent of its own later: never every cell again under the old one.
 """
 
 import time
@@ -19,12 +24,13 @@ from kvsweep.redact import redact_text
 from kvsweep.results import RESULT_STATUSES, CellResult
 from kvsweep.tracking.client import SweepTracker
 from kvsweep.tracking.journal import JOURNAL_NAME, SWEEP_FILES, Journal, SweepHeader, send_result, sync_journal
-from kvsweep.tracking.lease import Lease, LeaseHeld, LeaseTimes
-from kvsweep.tracking.store import finished, result_from_run
+from kvsweep.tracking.lease import Lease, LeaseHeld, LeaseLost, LeaseTimes
+from kvsweep.tracking.store import finished, result_from_run, with_trials
 from kvsweep.tracking.take_parent import Taken, take_parent
 
 MAX_BACKOFF_S = 60.0
 FINAL_ATTEMPTS = 3
+OPEN_ATTEMPTS = 2  # a resume that failed after taking its parent: let it go, and try once more
 
 
 class MlflowSink:
@@ -73,14 +79,29 @@ class MlflowSink:
     def open(self, resume: bool) -> dict[str, CellResult]:
         """Find (resume) or start the parent run; returns the cells MLflow already has results for.
 
-        Raises `LeaseHeld` when another live sweep writes to the parent it would resume."""
-        try:
-            return self._open(resume)
-        except LeaseHeld:
-            raise
-        except Exception as exc:
-            self._failed(exc)
-            return {}
+        Raises `LeaseHeld` when another live sweep writes to the parent it would resume. A failure after the
+        parent was taken lets it go (lease released, parent forgotten) before trying again or giving up: a sweep
+        that cannot read its parent's cells never measures them all again under it."""
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                return self._open(resume)
+            except LeaseHeld:
+                raise
+            except Exception as exc:
+                half_open = self.parent_run_id
+                self._let_parent_go()
+                if half_open is None or attempt == OPEN_ATTEMPTS:
+                    self._failed(exc)
+                    return {}
+                self.say(
+                    f"resuming parent run {half_open} failed half-way ({redact_text(first_line(exc))}); "
+                    "let it go and trying once more"
+                )
+        return {}
+
+    def _let_parent_go(self) -> None:
+        self.release()
+        self.parent_run_id, self.cell_runs = None, {}
 
     def _open(self, resume: bool) -> dict[str, CellResult]:
         taken = self._take_parent(resume)
@@ -92,7 +113,8 @@ class MlflowSink:
         children = self.tracker.child_runs(found)
         self.cell_runs = {cid: run.info.run_id for cid, run in children.items()}
         done = {cid: result_from_run(run) for cid, run in children.items() if finished(run)}
-        return {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
+        kept = {cid: r for cid, r in done.items() if r.status in RESULT_STATUSES}
+        return {cid: with_trials(self.tracker.client, r) for cid, r in kept.items()}  # paired verdicts need them
 
     def _take_parent(self, resume: bool) -> Taken:
         """The parent this sweep writes to, leased to it until `release` (take_parent.py)."""
@@ -124,10 +146,11 @@ class MlflowSink:
                     self.say(f"sent {sent} results that the previous run journaled in {previous}")
 
     def started(self, cell_id: str, cell: Cell) -> None:
-        """Best effort: a RUNNING child run shows the cell in flight."""
+        """Best effort: a RUNNING child run shows the cell in flight (never while the lease is another's)."""
         if self.parent_run_id is None or cell_id in self.cell_runs or not self._may_try():
             return
         try:
+            self._ensure_lease()
             self.cell_runs[cell_id] = self.tracker.open_cell(
                 self.parent_run_id,
                 cell_id,
@@ -136,23 +159,35 @@ class MlflowSink:
                 self.header.name,
                 self.header.model_names.get(cell.model, ""),
             )
+        except LeaseLost:
+            return  # the next send raises it, with the results kept
         except Exception as exc:
             self._failed(exc)
 
+    def _ensure_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.ensure()
+
     def finished(self, result: CellResult) -> None:
+        """Queue a result and send what is queued. Raises `LeaseLost` when the parent is another sweep's now."""
         self.pending.append(result)
         self.flush()
 
     def flush(self) -> None:
+        if self.lease is not None and self.lease.lost is not None:
+            raise self.lease.lost
         if not self.pending or not self._may_try():
             return
         try:
             if self.parent_run_id is None:  # MLflow was down at open: every cell ran here, so a parent of its own
                 self._take_parent(resume=False)
             while self.pending:
+                self._ensure_lease()
                 send_result(self.tracker, self.parent_run_id, self.cell_runs, self.pending[0], self.header)
                 self.pending.pop(0)
             self._recovered()
+        except LeaseLost:
+            raise
         except Exception as exc:
             self._failed(exc)
 
@@ -205,15 +240,19 @@ class MlflowSink:
         return 0
 
     def interrupt(self, running: list[tuple[str, Cell]]) -> None:
-        """Ctrl-C/SIGTERM: the running cells' child runs and the parent end as KILLED (best effort)."""
+        """Ctrl-C/SIGTERM: the running cells' child runs and the parent end as KILLED (best effort; nothing when
+        the parent is another sweep's now)."""
         if self.parent_run_id is None:
             return
         try:
+            self._ensure_lease()
             for cell_id, _ in running:
                 if cell_id in self.cell_runs:
                     self.tracker.kill_cell(self.cell_runs[cell_id])
             self.flush()
             self.tracker.client.set_terminated(self.parent_run_id, "KILLED")
+        except LeaseLost:
+            pass
         except Exception as exc:
             self._failed(exc)
         self.release()

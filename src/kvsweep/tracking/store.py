@@ -15,6 +15,7 @@ Reading back (`latest_sweep`, `child_runs`, `result_from_run`): the resuming swe
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -27,7 +28,17 @@ from mlflow.entities import Run
 
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, Cell
 from kvsweep.inputs.spec import RANDOM
-from kvsweep.names import CARRIED_TAGS, ENV_TAG_PREFIX, INT_PARAMS, PARAM_KEYS, SWEEP_ROLE, Metric, RunTag
+from kvsweep.names import (
+    CARRIED_TAGS,
+    ENV_TAG_PREFIX,
+    INT_PARAMS,
+    PARAM_KEYS,
+    SWEEP_ROLE,
+    TASK_JSONL,
+    Metric,
+    RunTag,
+    task_of_metric,
+)
 from kvsweep.redact import is_redacted, without_credentials
 from kvsweep.results import CellResult
 
@@ -147,8 +158,24 @@ def finished(run: Run) -> bool:
 
 
 def cell_results(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[CellResult]:
-    """Every finished cell of a sweep, as the results the report reads."""
-    return [result_from_run(run) for run in child_runs(client, experiment_id, parent_run_id).values() if finished(run)]
+    """Every finished cell of a sweep, as the results the report reads, its task trials included."""
+    runs = child_runs(client, experiment_id, parent_run_id).values()
+    return [with_trials(client, result_from_run(run)) for run in runs if finished(run)]
+
+
+def with_trials(client: MlflowClient, result: CellResult) -> CellResult:
+    """The result with its task trials read back from its `task.jsonl` artifact, where it answered a task: the
+    quality gate pairs two caches' trials (McNemar), which a resumed sweep or a rebuilt report needs as much as a
+    live one. A run without the artifact (logged before trials were kept) keeps none: its intervals decide."""
+    if result.trials or not any(task_of_metric(key) for key in result.metrics):  # it answered no task
+        return result
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            path = client.download_artifacts(str(result.environment["mlflow_run_id"]), TASK_JSONL, folder)
+        except Exception:  # no such artifact: nothing to pair
+            return result
+        result.trials = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return result
 
 
 def result_from_run(run: Run) -> CellResult:
