@@ -72,6 +72,13 @@ def test_a_file_store_is_refused_in_one_line_naming_where_it_came_from(tmp_path,
     named = "mlflow.tracking_uri" if where == "config" else "MLFLOW_TRACKING_URI"
     assert f"{named}={uri}" in line and "sqlite:///" in line
     assert not (tmp_path / "mlruns").exists()
+    helped = subprocess.run(
+        [sys.executable, "-m", "kvsweep", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )
+    assert helped.returncode == 0 and "mlflow.tracking_uri" in helped.stdout  # --help still helps
 
 
 def test_tracking_uri_rules_match_mlflows():

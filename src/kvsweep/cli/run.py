@@ -170,8 +170,11 @@ def config_help() -> str:
     from kvsweep.config.schema import KvSweepConfig
     from kvsweep.models.presets import PRESETS
 
-    used = dataclasses.asdict(compose_config([]).config)
     schema = dataclasses.asdict(KvSweepConfig())
+    try:
+        used = dataclasses.asdict(compose_config([]).config)
+    except ConfigError:  # the environment holds a value the sweep would refuse (a file: store): help still helps
+        used = schema
     lines = [
         "",
         "Config keys (key=VALUE) with the schema's default and, where it differs, the value `python -m kvsweep` uses "
