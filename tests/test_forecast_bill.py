@@ -141,6 +141,20 @@ def test_the_wall_time_follows_the_schedulers_order_smallest_first():
     assert bill.wall_s == pytest.approx(6 * 3600)
 
 
+def test_cells_fit_node_by_node_and_the_bill_never_counts_on_more():
+    """Two nodes of 3 GPUs, 2 GPUs a cell: a cell's GPUs are on one node, so 2 cells at once, not 6 // 2 = 3. The
+    scheduler keeps a `ray.max_concurrent` set higher (an autoscaler may add nodes while cells wait); the bill
+    packs onto the 2 that fit now."""
+    from kvsweep.driver.scheduler import cells_that_fit, max_concurrent
+    from kvsweep.driver.sweep_forecast import scheduler_slots
+
+    assert cells_that_fit(6, 2, (3.0, 3.0)) == 2 and cells_that_fit(6, 2) == 3
+    assert max_concurrent(0, "cuda", 6, 2, (3.0, 3.0)) == 2 and max_concurrent(6, "cuda", 6, 2, (3.0, 3.0)) == 6
+    assert max_concurrent(0, "cpu", 0, 1, ()) == 1
+    cfg = compose_config(["ray.gpus_per_cell=2", "ray.max_concurrent=6"]).config
+    assert scheduler_slots(cfg, "cuda", 6, 2, (3.0, 3.0)) == 2
+
+
 def test_a_budget_over_cells_with_no_forecast_is_refused_naming_them():
     cells = [_forecast_cell("c0", 3600)]
     bill = SweepBill(cells, RATES, gpus=1, gpus_per_cell=1, slots=1, unforecast=["awq cell: its size is not known"])

@@ -48,7 +48,7 @@ def dry_run(cfg: KvSweepConfig, out: TextIO | None = None, inputs: "InputsChoice
     fed = "\n".join(first_lines(cfg, inputs))
     session = cluster_resources(cfg.ray.address) if device == "cuda" else None
     gpus = session.gpus if session is not None else 0.0
-    slots = scheduler_slots(cfg, device, gpus, limits.gpus)
+    slots = scheduler_slots(cfg, device, gpus, limits.gpus, session.node_gpus if session is not None else ())
     forecast = forecast_sweep(cfg, device, planned, protocol, slots, gpus, limits.gpus, probes)
     bill = "\n".join([*forecast.bill.lines(), "", *cell_lines(forecast.bill.cells)])
     print(redact_text(f"sweep {cfg.name} (dry run)\n{fed}\n{text}\n\n{bill}"), file=out or sys.stdout)

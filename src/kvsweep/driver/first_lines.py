@@ -1,4 +1,5 @@
-"""What a run's first lines say it feeds the cells: each model's inputs, what a search replaces, or the mix.
+"""What a run's first lines say it feeds the cells: each model's inputs, what a search replaces, or the mix; and
+the cluster it joins where `RAY_ADDRESS` chose it.
 
 A workload sweep feeds its cells the mix, not `inputs.source`'s prompts, so its first lines name the mix (where it
 came from, how many requests, its sha256) and, for a prompts file, how long the prompts are under each model's
@@ -6,6 +7,7 @@ tokenizer and how many carry an answer to score.
 """
 
 from kvsweep.config.schema import KvSweepConfig
+from kvsweep.config.tool_variables import ray_address_note
 from kvsweep.driver.capacity_search import search_lines
 from kvsweep.driver.inputs_choice import InputsChoice
 from kvsweep.measure.statistics import fewest_for_interval
@@ -16,11 +18,13 @@ from kvsweep.workload.workload_spec import WorkloadSpec, rate_axis
 
 
 def first_lines(cfg: KvSweepConfig, inputs: InputsChoice) -> list[str]:
+    """What the cells are fed, then the cluster joined where `RAY_ADDRESS` chose it."""
+    joining = [note] if (note := ray_address_note(cfg.ray.address)) else []
     workload = sweep_workload(cfg)
     if workload is None:
-        return [*inputs.lines(), *search_lines(cfg)]
+        return [*inputs.lines(), *search_lines(cfg), *joining]
     lines = workload_lines(workload, list(cfg.workload.serving), rate_axis(cfg.workload.rate))
-    return [*lines, *interval_warning(len(workload.mix), cfg.report.rank_by)]
+    return [*lines, *interval_warning(len(workload.mix), cfg.report.rank_by), *joining]
 
 
 def interval_warning(requests: int, rank_by: str) -> list[str]:

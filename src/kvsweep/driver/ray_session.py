@@ -31,6 +31,7 @@ class RaySession:
     gpus: float
     cpus: float
     local: bool = False  # a local instance this process started (now or earlier): its workers run this Python
+    node_gpus: tuple[float, ...] = ()  # each live node's GPUs: how many cells fit at once is counted node by node
 
 
 _local_instance = ""  # the GCS address of the local instance this process started, until it shuts it down
@@ -67,7 +68,8 @@ def connect(address: str) -> RaySession:
         started_here = True
     resources = ray.cluster_resources()
     local = bool(_local_instance) and _local_instance == ray.get_runtime_context().gcs_address
-    return RaySession(started_here, float(resources.get("GPU", 0)), float(resources.get("CPU", 0)), local)
+    nodes = tuple(float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive"))
+    return RaySession(started_here, float(resources.get("GPU", 0)), float(resources.get("CPU", 0)), local, nodes)
 
 
 def resolve_device(requested: str, session: RaySession) -> str:

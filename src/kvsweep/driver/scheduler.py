@@ -13,7 +13,7 @@ a cell on this host is measured. CPUs of `ray.cpus_per_cell=0` and placement: `d
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -263,8 +263,19 @@ def _driver_result(entry: Running, status: str, message: str) -> CellResult:
     )
 
 
-def max_concurrent(configured: int, device: str, gpus: float, gpus_per_cell: int) -> int:
-    """Default: one cell per GPU group on CUDA; on CPU one at a time so timings do not interfere."""
+def max_concurrent(
+    configured: int, device: str, gpus: float, gpus_per_cell: int, node_gpus: Sequence[float] = ()
+) -> int:
+    """Default: as many cells as fit at once on CUDA; on CPU one at a time so timings do not interfere.
+    `ray.max_concurrent` wins when set (a cluster that grows as cells wait: an autoscaler adds nodes)."""
     if configured > 0:
         return configured
-    return max(1, int(gpus // gpus_per_cell)) if device == "cuda" else 1
+    return cells_that_fit(gpus, gpus_per_cell, node_gpus) if device == "cuda" else 1
+
+
+def cells_that_fit(gpus: float, gpus_per_cell: int, node_gpus: Sequence[float] = ()) -> int:
+    """Cells at once on the cluster's GPUs: node by node where the nodes are known (a cell's GPUs are on one
+    node: two nodes of 3 GPUs hold two cells of 2, not three), else the total divided."""
+    if node_gpus:
+        return max(1, sum(int(g // gpus_per_cell) for g in node_gpus))
+    return max(1, int(gpus // gpus_per_cell))

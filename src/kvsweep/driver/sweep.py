@@ -48,7 +48,7 @@ def run_sweep(
     connect (the warm templates start importing at once), plan, open tracking, fetch Hub models, build native
     extensions, resume, run the jobs (recording each result), then the table, the report and the closing lines.
     `inputs`: the choice, when the caller made it already. Returns the exit code."""
-    from kvsweep.config.tool_variables import ray_address_note, tracking_uri
+    from kvsweep.config.tool_variables import tracking_uri
     from kvsweep.driver import ray_session
     from kvsweep.driver.first_lines import first_lines
     from kvsweep.driver.hub_prefetch import fetch_for_sweep
@@ -61,8 +61,6 @@ def run_sweep(
     uri = tracking_uri(cfg.mlflow.tracking_uri)  # composed already; absolute before Ray starts (it changes directory)
     for line in first_lines(cfg, inputs):
         say(line)
-    if joining := ray_address_note(cfg.ray.address):
-        say(joining)
     prewarm()  # MLflow and the report's imports overlap Ray's start
     session = ray_session.connect(cfg.ray.address)
     tracking: Tracking | None = None
@@ -70,8 +68,9 @@ def run_sweep(
         cluster = connect(cfg, session, say)
         limits = plan_limits(cfg, cluster.device, inputs.spec)  # found once: on CUDA it asks the local GPUs
         source = plan_jobs(cfg, cluster.device, inputs, limits, run_dir)
-        gpus, names = cluster.session.gpus, cluster.software.gpu_names() if cluster.software else []
-        forecast_jobs(cfg, cluster.device, gpus, source, limits, names).bill.check_budget(cfg.planner.max_gpu_hours)
+        names = cluster.software.gpu_names() if cluster.software else []
+        bill = forecast_jobs(cfg, cluster.device, cluster.session, source, limits, names).bill
+        bill.check_budget(cfg.planner.max_gpu_hours)
         try:
             tracking = open_tracking(cfg, redact_text(config_yaml), run_dir, uri, cluster.device, source, seams, say)
         except LeaseHeld as held:  # an identical sweep is writing to the parent this one would resume
@@ -80,7 +79,7 @@ def run_sweep(
         hub_cache = fetch_for_sweep(cfg, cluster.device, limits, source, tracking, seams.hub, say)
         pending = source.pending(tracking.done)
         source.replace(pending, prebuild(pending, cluster.device, say), source.problems)
-        forecast = forecast_jobs(cfg, cluster.device, gpus, source, limits, names)  # Hub models fetched: anew
+        forecast = forecast_jobs(cfg, cluster.device, cluster.session, source, limits, names)  # Hub models: anew
         write_plan(source, cluster.device, limits, run_dir, forecast)
         forecast, refinement = refined(forecast, list(tracking.done.values()))
         say(forecast.bill.lines()[0] + (f"; {refinement}" if refinement else ""))
@@ -120,6 +119,7 @@ class Cluster:
     needs: "CellNeeds"
     templates: "Templates | None"  # None: ray.fork_cells=false, each cell measures in its own actor
     software: "Survey | None" = None  # what each node that can run a cell reported (None: not surveyed)
+    slots: int = 1  # cells at once (`ray.max_concurrent`, else as many as fit on the nodes' GPUs)
 
 
 def connect(cfg: KvSweepConfig, session: "RaySession", say: Callable[[str], None]) -> Cluster:
@@ -128,6 +128,7 @@ def connect(cfg: KvSweepConfig, session: "RaySession", say: Callable[[str], None
     start importing now, overlapping the plan and MLflow; the first cell waits for them."""
     from kvsweep.driver import ray_session
     from kvsweep.driver.actor_placement import launch_templates
+    from kvsweep.driver.scheduler import max_concurrent
     from kvsweep.driver.software_survey import check_software
 
     device = ray_session.resolve_device(cfg.device, session)
@@ -139,7 +140,8 @@ def connect(cfg: KvSweepConfig, session: "RaySession", say: Callable[[str], None
     )
     ray_session.check_fits(needs)
     software = check_software(needs, session.local, cfg.ray.allow_mixed_versions, say)
-    return Cluster(session, device, needs, launch_templates() if cfg.ray.fork_cells else None, software)
+    slots = max_concurrent(cfg.ray.max_concurrent, device, session.gpus, cfg.ray.gpus_per_cell, session.node_gpus)
+    return Cluster(session, device, needs, launch_templates() if cfg.ray.fork_cells else None, software, slots)
 
 
 def plan_jobs(
@@ -246,14 +248,12 @@ def run_jobs(sweep: Sweep, jobs: list["Job"], cluster: Cluster, hub_cache: dict[
     from kvsweep.caches import registered_beyond_built_ins
     from kvsweep.cell.request import RunOptions
     from kvsweep.driver.ray_session import send_strategies_by_value
-    from kvsweep.driver.scheduler import CellScheduler, Job, Limits, max_concurrent
+    from kvsweep.driver.scheduler import CellScheduler, Job, Limits
 
     cfg, progress, sink, journal = sweep.cfg, sweep.progress, sweep.tracking.sink, sweep.tracking.journal
     limits = Limits(
         needs=cluster.needs,
-        max_concurrent=max_concurrent(
-            cfg.ray.max_concurrent, cluster.device, cluster.session.gpus, cfg.ray.gpus_per_cell
-        ),
+        max_concurrent=cluster.slots,
         cell_timeout_s=cfg.ray.cell_timeout_s,
         max_retries=cfg.ray.max_retries,
         prestart=cfg.ray.prestart,

@@ -30,6 +30,7 @@ from kvsweep.results import OK, CellResult
 if TYPE_CHECKING:
     from kvsweep.driver.capacity_search import CapacitySearches
     from kvsweep.driver.job_sources import JobSource
+    from kvsweep.driver.ray_session import RaySession
     from kvsweep.plan.sweep_plan import PlanLimits
 
 REFINE_TERM = "refined"  # the term a resumed sweep adds: finished cells of the model took this much more (or less)
@@ -225,7 +226,7 @@ def measured_compile(result: CellResult) -> float | None:
 def forecast_jobs(
     cfg: KvSweepConfig,
     device: str,
-    cluster_gpus: float,
+    session: "RaySession",
     source: "JobSource",
     limits: "PlanLimits",
     gpu_names: list[str] | None = None,
@@ -237,17 +238,22 @@ def forecast_jobs(
     probes = 1.0
     if isinstance(source, SearchJobs) and source.searches is not None:
         probes = search_probes(source.searches, len(source.cells))
-    slots = scheduler_slots(cfg, device, cluster_gpus, limits.gpus)
+    slots = scheduler_slots(cfg, device, session.gpus, limits.gpus, session.node_gpus)
     return forecast_sweep(
-        cfg, device, source.cells, source.protocol, slots, cluster_gpus, limits.gpus, probes, gpu_names
+        cfg, device, source.cells, source.protocol, slots, session.gpus, limits.gpus, probes, gpu_names
     )
 
 
-def scheduler_slots(cfg: KvSweepConfig, device: str, cluster_gpus: float, gpus_per_cell: int) -> int:
-    """Cells at a time, as the scheduler will run them on the GPUs the bill counts."""
-    from kvsweep.driver.scheduler import max_concurrent
+def scheduler_slots(
+    cfg: KvSweepConfig, device: str, cluster_gpus: float, gpus_per_cell: int, node_gpus: tuple[float, ...] = ()
+) -> int:
+    """Cells at a time, as the scheduler will run them on the GPUs the bill counts, and never more than fit on the
+    connected cluster's nodes (a `ray.max_concurrent` above that waits for GPUs: the bill does not count on it)."""
+    from kvsweep.driver.scheduler import cells_that_fit, max_concurrent
 
-    return max_concurrent(cfg.ray.max_concurrent, device, bill_gpus(cfg, device, cluster_gpus), gpus_per_cell)
+    gpus = bill_gpus(cfg, device, cluster_gpus)
+    slots = max_concurrent(cfg.ray.max_concurrent, device, gpus, gpus_per_cell, node_gpus)
+    return min(slots, cells_that_fit(gpus, gpus_per_cell, node_gpus)) if device == "cuda" else slots
 
 
 def search_probes(searches: "CapacitySearches", first_probes: int) -> float:
