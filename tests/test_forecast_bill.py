@@ -141,6 +141,18 @@ def test_the_wall_time_follows_the_schedulers_order_smallest_first():
     assert bill.wall_s == pytest.approx(6 * 3600)
 
 
+def test_the_host_link_is_as_configured_but_never_above_what_the_parts_pcie_sustains():
+    """`planner.host_link_gbps` is a sustained rate; 100 GB/s is more than any PCIe x16 link carries one way: an
+    H100's Gen5 link (64 GB/s) at 0.8 is 51.2 GB/s, an A100's Gen4 (32 GB/s) 25.6; the default 25 stands on both."""
+    from kvsweep.forecast.device_rates import gpu_rates
+    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+
+    assert gpu_rates(gpu_by_key("h100-sxm"), 100.0).host_link == pytest.approx(51.2e9)
+    assert gpu_rates(gpu_by_key("a100-80gb"), 100.0).host_link == pytest.approx(25.6e9)
+    for key in ("h100-sxm", "a100-80gb"):
+        assert gpu_rates(gpu_by_key(key), 25.0).host_link == 25e9
+
+
 def test_cells_fit_node_by_node_and_the_bill_never_counts_on_more():
     """Two nodes of 3 GPUs, 2 GPUs a cell: a cell's GPUs are on one node, so 2 cells at once, not 6 // 2 = 3. The
     scheduler keeps a `ray.max_concurrent` set higher (an autoscaler may add nodes while cells wait); the bill

@@ -65,13 +65,14 @@ class DeviceRates:
 
 def gpu_rates(gpu: Gpu, host_link_gbps: float) -> DeviceRates:
     """A GPU's datasheet peaks at the sustained shares; the host link as configured (`planner.host_link_gbps`,
-    already a sustained rate)."""
+    a sustained rate), never above what the part's PCIe link sustains (its datasheet rate at `HOST_LINK_FRACTION`:
+    25.6 GB/s for a Gen4 x16 part, 51.2 for Gen5)."""
     return DeviceRates(
         name=f"{gpu.name} (datasheet)",
         flop_rate=gpu.bf16_flops * sustained.GPU_FLOP_FRACTION,
         dtype_flop_rates={d: gpu.flops(d) * sustained.GPU_FLOP_FRACTION for d in (FLOAT32, "float16", "bfloat16")},
         bandwidth=gpu.memory_bandwidth * sustained.GPU_BANDWIDTH_FRACTION,
-        host_link=host_link_gbps * GB,
+        host_link=min(host_link_gbps * GB, gpu.host_link * sustained.HOST_LINK_FRACTION),
         load_rate=sustained.LOAD_BYTES_PER_S,
         layer_overhead_s=sustained.LAYER_OVERHEAD_S,
         start_s=GPU_START_S,

@@ -19,7 +19,7 @@ GPU_BANDWIDTH_FRACTION = 0.8
 
 # Pinned host-device copies reach ~25 of PCIe 4.0 x16's 32 GB/s one way (the planner's default
 # `planner.host_link_gbps` is that 25): 0.8 of the link's datasheet rate. A configured `host_link_gbps` is a
-# sustained rate already and takes no fraction.
+# sustained rate already and takes no fraction; the forecast holds it to this share of the part's own link.
 HOST_LINK_FRACTION = 0.8
 
 # Eager `generate` spends host time each decode step beside the device's (Python, module calls, kernel launches):
