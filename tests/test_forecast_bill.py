@@ -141,6 +141,26 @@ def test_the_wall_time_follows_the_schedulers_order_smallest_first():
     assert bill.wall_s == pytest.approx(6 * 3600)
 
 
+def test_a_short_prompts_prefill_is_floored_by_reading_the_weights_once():
+    """Llama 3.1 8B in bf16 on an H100 SXM, a 16-token prompt: its FLOPs take 2 × 8.03e9 × 16 / (989.4e12 × 0.6)
+    = 0.43 ms, but the pass reads all 16 GB of weights at 3,350 GB/s × 0.8: 6.0 ms, the roofline's floor. At 4,096
+    tokens the FLOPs take longer than the read, and the floor is gone."""
+    from kvsweep.forecast.device_rates import gpu_rates
+    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+
+    facts = read_facts(classify("llama-3.1-8b"))
+    model = ModelCost(facts.parameters, 2 * facts.parameters, facts.shape)
+    rates = gpu_rates(gpu_by_key("h100-sxm"), 25.0)
+    cfg = compose_config([]).config
+    protocol = protocol_of(cfg.measure, "cuda", _random_inputs(cfg))
+    overhead = facts.shape.layers * rates.layer_overhead_s
+    short = forecast_cell(Cell("llama-3.1-8b", "bfloat16", 16, 1, 8, "dynamic", False), protocol, model, rates)
+    read = 2 * facts.parameters / (3350e9 * sustained.GPU_BANDWIDTH_FRACTION)
+    assert short.ttft_s - overhead == pytest.approx(read) and read == pytest.approx(6.0e-3, rel=0.01)
+    long = forecast_cell(Cell("llama-3.1-8b", "bfloat16", 4096, 1, 8, "dynamic", False), protocol, model, rates)
+    assert long.ttft_s - overhead > 2 * facts.parameters * 4096 / (989.4e12 * sustained.GPU_FLOP_FRACTION) > read
+
+
 def test_the_host_link_is_as_configured_but_never_above_what_the_parts_pcie_sustains():
     """`planner.host_link_gbps` is a sustained rate; 100 GB/s is more than any PCIe x16 link carries one way: an
     H100's Gen5 link (64 GB/s) at 0.8 is 51.2 GB/s, an A100's Gen4 (32 GB/s) 25.6; the default 25 stands on both."""

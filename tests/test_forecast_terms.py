@@ -141,16 +141,16 @@ def test_a_mixture_of_experts_decode_step_reads_the_experts_its_tokens_chose():
     """One sequence: 4 of 32 experts a layer, so the step reads the shared weights and 4/32 of the experts' (the
     active parameters' bytes); 64 sequences routed evenly leave an expert untouched with probability (28/32)^64 =
     1.9e-4: nearly every weight is read."""
-    from kvsweep.forecast.cell_forecast import ModelCost, active_parameters, decode_weight_bytes
+    from kvsweep.forecast.cell_forecast import ModelCost, active_parameters, weights_read
     from kvsweep.models.facts import read_facts
     from kvsweep.models.resolve import classify
 
     facts = read_facts(classify("gpt-oss-20b"))
     model = ModelCost(facts.parameters, 2 * facts.parameters, facts.shape)  # bfloat16: 2 bytes a weight
-    assert decode_weight_bytes(model, 1) == pytest.approx(2 * active_parameters(facts.parameters, facts.shape))
+    assert weights_read(model, 1) == pytest.approx(2 * active_parameters(facts.parameters, facts.shape))
     experts = 24 * 32 * facts.shape.expert_parameters
     untouched = experts * (28 / 32) ** 64
-    assert decode_weight_bytes(model, 64) == pytest.approx(2 * (facts.parameters - untouched))
+    assert weights_read(model, 64) == pytest.approx(2 * (facts.parameters - untouched))
     dense = read_facts(classify("llama-3.1-8b"))
     llama = ModelCost(dense.parameters, 2 * dense.parameters, dense.shape)
-    assert decode_weight_bytes(llama, 1) == decode_weight_bytes(llama, 64) == 2 * dense.parameters
+    assert weights_read(llama, 1) == weights_read(llama, 64) == 2 * dense.parameters

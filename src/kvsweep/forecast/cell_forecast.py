@@ -1,7 +1,8 @@
 """A cell's seconds, forecast term by term from what the planner knows: the model's size and shape, the cell's
 shape and cache, the measuring protocol, and the device's rates.
 
-A call is a prefill (its FLOPs at the device's FLOP rate, plus each layer's host overhead) and `new - 1` decode
+A call is a prefill (its FLOPs at the device's FLOP rate, and never less than reading the weights once at its
+bandwidth, the roofline's floor for a short prompt; plus each layer's host overhead) and `new - 1` decode
 steps (the weights and the cache's bytes at its bandwidth, an offloaded cache's copies at the host link's rate,
 plus each layer's overhead). A cell is its start, its model's load, a compile allowance where it compiles, the cold
 call, the warmup calls, the measured calls (the protocol's repeats, raised to its time floor and capped by its
@@ -91,10 +92,11 @@ def call_cost(
         flops = prefill_flops(active, context + new // 2, shape.layers, width, rows, windows)
         step = flops / flop_rate + overhead
         return CallCost(prefill_flops(active, context, shape.layers, width, rows, windows) / flop_rate, step)
-    prefill = prefill_seconds(prefill_flops(active, context, shape.layers, width, rows, windows), flop_rate)
+    compute = prefill_seconds(prefill_flops(active, context, shape.layers, width, rows, windows), flop_rate)
+    prefill = max(compute, weights_read(model, context * rows) / rates.bandwidth)  # a short prompt reads them all
     traffic = decode_kv_traffic(strategy, shape, rows, cell.dtype, context, new)
     step = decode_seconds(
-        decode_weight_bytes(model, rows) + traffic.device_bytes,
+        weights_read(model, rows) + traffic.device_bytes,
         rates.bandwidth,
         traffic.host_link_bytes,
         rates.host_link,
@@ -110,14 +112,15 @@ def active_parameters(parameters: int, shape: KvShape) -> int:
     return max(parameters - idle, 0) if shape.experts else parameters
 
 
-def decode_weight_bytes(model: ModelCost, rows: int) -> float:
-    """The weight bytes a decode step of `rows` sequences reads: all of a dense model's; of a mixture of experts,
-    the shared weights and the experts its tokens are routed to. Routed evenly, `rows` tokens choosing k of E
-    experts each touch E × (1 − (1 − k/E)^rows) distinct experts a layer (one row: k; many: nearly all)."""
+def weights_read(model: ModelCost, tokens: int) -> float:
+    """The weight bytes a forward pass over `tokens` tokens reads (a decode step: one a row; a prefill: every prompt
+    token): all of a dense model's; of a mixture of experts, the shared weights and the experts its tokens are
+    routed to. Routed evenly, tokens choosing k of E experts each touch E × (1 − (1 − k/E)^tokens) distinct
+    experts a layer (one token: k; many: nearly all)."""
     shape = model.shape
     if not shape.experts or not model.parameters:
         return float(model.weight_bytes)
-    missed = (1 - shape.experts_per_token / shape.experts) ** rows
+    missed = (1 - shape.experts_per_token / shape.experts) ** tokens
     idle = shape.layers * shape.experts * missed * shape.expert_parameters
     return model.weight_bytes * max(model.parameters - idle, 0) / model.parameters
 
