@@ -321,3 +321,22 @@ def test_a_live_holder_overrules_a_claim_in_progress_and_gives_way_to_one_read_b
     finally:
         taken.lease.release()
     assert Owner.parse(lease_tags_of(uri, taken.run_id)["kvsweep.lease_owner"]) == rival  # a lost lease: left alone
+
+
+@pytest.mark.parametrize("holder", ["this sweep", "another sweep", "nobody"])
+def test_sync_ends_a_parent_only_where_no_other_sweep_holds_it(uri, tmp_path, holder):
+    """A journal whose sweep ended but never reached MLflow's end (it was cut off): `sync` ends its parent when the
+    lease left on it is its own or none, and leaves it running when another sweep took it meanwhile."""
+    from kvsweep.tracking.journal import Journal, sync_journal
+
+    mine, rival = Owner("gpu-3", 41872, "aaaa", ""), Owner("gpu-7", 9121, "bbbb", "")
+    tags = {"this sweep": lease_tags(mine, 5), "another sweep": lease_tags(rival, 5), "nobody": {}}[holder]
+    tracker = SweepTracker(uri, "kvsweep")
+    parent = tracker.create_parent("lease", KEY, tags)
+    journal = Journal(tmp_path / "run")
+    journal.write_header(header(uri))
+    journal.write_parent(parent, mine.tag())
+    journal.write_end("FINISHED", {"ok": 0})
+    sync_journal(journal.path, uri)
+    status = MlflowClient(uri).get_run(parent).info.status
+    assert status == ("RUNNING" if holder == "another sweep" else "FINISHED")

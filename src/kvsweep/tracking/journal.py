@@ -42,6 +42,7 @@ class JournalContents:
     parent_run_id: str | None
     results: list[CellResult]
     end: dict[str, Any] | None = None  # {"status": ..., "counts": {...}} once the sweep ended
+    parent_owner: str = ""  # the lease tag this sweep held its parent under ("" where it held none)
 
     def latest_results(self) -> list[CellResult]:
         """One result per cell: the last one written (a resumed cell may appear twice)."""
@@ -61,8 +62,9 @@ class Journal:
     def write_header(self, header: SweepHeader) -> None:
         self._append({"kind": "sweep", **asdict(header)})
 
-    def write_parent(self, run_id: str) -> None:
-        self._append({"kind": "parent", "run_id": run_id})
+    def write_parent(self, run_id: str, owner: str = "") -> None:
+        """The parent this sweep writes to, and the lease tag it holds it under (`sync` finishes only its own)."""
+        self._append({"kind": "parent", "run_id": run_id, "owner": owner})
 
     def write_end(self, status: str, counts: dict[str, int]) -> None:
         self._append({"kind": "end", "status": status, "counts": counts})
@@ -71,7 +73,7 @@ class Journal:
         self._append({"kind": "cell", "result": result.to_dict()})
 
     def read(self) -> JournalContents:
-        header, parent, results, end = None, None, [], None
+        header, parent, results, end, owner = None, None, [], None, ""
         if self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
                 if not line.strip():
@@ -84,12 +86,12 @@ class Journal:
                 if kind == "sweep" and header is None:
                     header = SweepHeader(**record)
                 elif kind == "parent":
-                    parent = record["run_id"]
+                    parent, owner = record["run_id"], record.get("owner", "")
                 elif kind == "cell":
                     results.append(CellResult.from_dict(record["result"]))
                 elif kind == "end":
                     end = record
-        return JournalContents(header, parent, results, end)
+        return JournalContents(header, parent, results, end, owner)
 
 
 def _redacted(value: Any) -> Any:
@@ -168,7 +170,9 @@ def unsent(results: list[CellResult], children: dict[str, "Run"]) -> list[CellRe
 
 
 def sync_journal(journal_path: Path, tracking_uri: str | None = None) -> tuple[int, int]:
-    """Push a journal's results that MLflow lacks. Returns (sent, already there).
+    """Push a journal's results that MLflow lacks, and end its parent run if it ended and the parent is not another
+    sweep's now (a lease held under another owner tag: the parent was resumed while this one was cut off). Returns
+    (sent, already there).
 
     Raises `CredentialsMissing` when the journal's URI lost its credentials and nothing supplies them.
     """
@@ -188,7 +192,10 @@ def sync_journal(journal_path: Path, tracking_uri: str | None = None) -> tuple[i
     cell_runs = {cid: run.info.run_id for cid, run in children.items()}
     for result in todo:
         send_result(tracker, parent, cell_runs, result, header)
-    if contents.end is not None and tracker.client.get_run(parent).info.status == "RUNNING":
+    run = tracker.client.get_run(parent)
+    holder = run.data.tags.get(RunTag.LEASE_OWNER, "")
+    theirs = holder and holder != contents.parent_owner  # another sweep holds it now: not this journal's to end
+    if contents.end is not None and run.info.status == "RUNNING" and not theirs:
         files = {name: (run_dir / name).read_text() for name in SWEEP_FILES if (run_dir / name).exists()}
         tracker.log_sweep_files(parent, files, {})
         tracker.log_report(parent, run_dir / REPORT_DIR)

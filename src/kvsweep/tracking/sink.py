@@ -131,7 +131,7 @@ class MlflowSink:
 
     def _set_parent(self, run_id: str) -> None:
         self.parent_run_id = run_id
-        self.journal.write_parent(run_id)
+        self.journal.write_parent(run_id, self.lease.owner.tag() if self.lease is not None else "")
         self.tracker.log_sweep_files(run_id, {}, {RunTag.RUN_DIR: str(self.journal.path.parent.resolve())})
 
     def _sync_previous_journal(self, parent_run_id: str) -> None:
