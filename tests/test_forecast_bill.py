@@ -161,6 +161,27 @@ def test_a_short_prompts_prefill_is_floored_by_reading_the_weights_once():
     assert long.ttft_s - overhead > 2 * facts.parameters * 4096 / (989.4e12 * sustained.GPU_FLOP_FRACTION) > read
 
 
+def test_step_overhead_factors_measured_on_this_cpu_are_not_carried_to_an_uncalibrated_gpu():
+    """Continuous batching's 2.3x step overhead was measured on this project's CPU: calibrated rates use it; rates
+    no run has checked (a GPU's datasheet shares) give paged the dense per-layer overhead. The same paged cell on
+    the same rates, calibrated or not, differs by (2.3 − 1) × layers × the per-layer overhead a step."""
+    from dataclasses import replace
+
+    model = tiny_llama()
+    cfg = compose_config([]).config
+    protocol = protocol_of(cfg.measure, "cpu", _random_inputs(cfg))
+    measured = replace(RATES, layer_overhead_s=1e-3, calibrated=True)
+    unchecked = replace(measured, calibrated=False)
+    paged = Cell("tiny-llama", "float32", 512, 1, 8, "paged", False)
+
+    def step(cell: Cell, rates: DeviceRates) -> float:
+        return forecast_cell(cell, protocol, model, rates).tpot_s
+
+    assert step(paged, measured) - step(paged, unchecked) == pytest.approx((2.3 - 1) * model.shape.layers * 1e-3)
+    dense = Cell("tiny-llama", "float32", 512, 1, 8, "dynamic", False)
+    assert step(dense, measured) == step(dense, unchecked)
+
+
 def test_the_host_link_is_as_configured_but_never_above_what_the_parts_pcie_sustains():
     """`planner.host_link_gbps` is a sustained rate; 100 GB/s is more than any PCIe x16 link carries one way: an
     H100's Gen5 link (64 GB/s) at 0.8 is 51.2 GB/s, an A100's Gen4 (32 GB/s) 25.6; the default 25 stands on both."""
