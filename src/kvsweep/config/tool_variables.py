@@ -37,8 +37,8 @@ def ray_address(configured: str, environ: Mapping[str, str] = os.environ) -> str
 def tracking_uri(configured: str, environ: Mapping[str, str] = os.environ, cwd: Path | None = None) -> str:
     """The config's URI, else MLFLOW_TRACKING_URI, else an sqlite file in the current folder; sqlite paths absolute.
 
-    MLflow 3.13+ refuses its old file store, so a `file:` URI (or a bare folder of `mlruns`) is refused here in one
-    line rather than failing later inside MLflow."""
+    MLflow 3.13+ refuses its old file store, so a `file:` URI is refused here in one line rather than failing later
+    inside MLflow; a bare path names an sqlite file."""
     given = configured or environ.get(TRACKING_URI_ENV, "").strip()
     here = cwd or Path.cwd()
     if not given:
