@@ -135,7 +135,7 @@ def test_a_sweep_read_back_from_mlflow_pairs_its_trials_as_the_live_one_did(migr
     for result in live:
         run_id = tracker.open_cell(parent, result.cell_id, result.cell, "cpu", "trials")
         tracker.finish_cell(run_id, result, "cpu", {})
-    read_back = cell_results(tracker.client, tracker.experiment_id, parent)
+    read_back = cell_results(tracker.client, tracker.experiment_id, parent, trials=True)
     assert {r.cell_id: r.trials for r in read_back} == {r.cell_id: r.trials for r in live}
     [decision] = decide(read_back, Settings())
     assert "McNemar p=0.0156" in decision.summary() and decision.summary() == decide(live, Settings())[0].summary()

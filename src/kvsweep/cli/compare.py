@@ -77,13 +77,13 @@ def compare(args: argparse.Namespace) -> int:
     from kvsweep.compare.comparison import compare_sweeps
     from kvsweep.compare.judging import DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, drift_thresholds
     from kvsweep.compare.tables import terminal_text
-    from kvsweep.tracking.mlflow_ui import default_tracking_uri
+    from kvsweep.config.tool_variables import tracking_uri
     from kvsweep.tracking.store import open_client
 
     for flag, given in (("--threshold", args.threshold), ("--memory-threshold", args.memory_threshold)):
         if given is not None and not given >= 0:
             raise BadArguments(f"{flag} {given}: must be 0 or more (0.10 = 10%)")
-    uri = default_tracking_uri(args.tracking_uri)
+    uri = tracking_uri(args.tracking_uri)
     client = open_client(uri)
     a, b = (_side(client, uri, args.experiment, ref) for ref in (args.a, args.b))
     if a.run_id == b.run_id:

@@ -61,6 +61,7 @@ def rebuild_report(
     tracking_uri: str, experiment: str, run_id: str | None, out: Path | None, overrides: dict[str, object]
 ) -> int:
     """Read the sweep back through `tracking/store.py` (what a resuming sweep reads) and write its report."""
+    from kvsweep.config.tool_variables import tracking_uri as resolved_uri
     from kvsweep.redact import redact_uri
     from kvsweep.report.report_files import (
         ReportContext,
@@ -70,10 +71,10 @@ def rebuild_report(
         write_tables,
     )
     from kvsweep.tracking.client import tag_runs
-    from kvsweep.tracking.mlflow_ui import default_tracking_uri, run_url
+    from kvsweep.tracking.mlflow_ui import run_url
     from kvsweep.tracking.store import cell_results, latest_sweep, open_client
 
-    uri = default_tracking_uri(tracking_uri)
+    uri = resolved_uri(tracking_uri)
     client = open_client(uri)  # a sweep may be making a fresh sqlite store's tables right now
     if run_id is None:
         found = client.get_experiment_by_name(experiment)
@@ -90,7 +91,7 @@ def rebuild_report(
         print(f"kvsweep report: no run {run_id!r} in {redact_uri(uri)} ({type(exc).__name__})")
         return 2
     experiment_id = parent.info.experiment_id
-    results = cell_results(client, experiment_id, run_id)
+    results = cell_results(client, experiment_id, run_id, trials=True)
     logged = {k.removeprefix("report."): v for k, v in parent.data.params.items() if k.startswith("report.")}
     logged |= {f"slo_{k.removeprefix('slo.')}": v for k, v in parent.data.params.items() if k.startswith("slo.")}
     settings = settings_from({**logged, **{k: v for k, v in overrides.items() if v is not None}})

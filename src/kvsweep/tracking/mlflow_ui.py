@@ -14,14 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from kvsweep.config.tool_variables import tracking_uri
 from kvsweep.names import VIEW_TAG_PREFIX, Metric, ResultTag, with_interval
 from kvsweep.redact import redact_uri
-
-
-def default_tracking_uri(configured: str) -> str:
-    """Config, then MLFLOW_TRACKING_URI, then an absolute sqlite file here (`config/tool_variables.py`)."""
-    return tracking_uri(configured)
 
 
 def runs_url(tracking_uri: str, experiment_id: str) -> str:

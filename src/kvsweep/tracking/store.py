@@ -157,10 +157,15 @@ def finished(run: Run) -> bool:
     return RunTag.STATUS in run.data.tags
 
 
-def cell_results(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[CellResult]:
-    """Every finished cell of a sweep, as the results the report reads, its task trials included."""
-    runs = child_runs(client, experiment_id, parent_run_id).values()
-    return [with_trials(client, result_from_run(run)) for run in runs if finished(run)]
+def cell_results(
+    client: MlflowClient, experiment_id: str, parent_run_id: str, trials: bool = False
+) -> list[CellResult]:
+    """Every finished cell of a sweep, as the results the report reads; `trials`: with each cell's task trials (one
+    artifact read a cell that answered a task), for a report whose quality gate pairs them."""
+    results = [
+        result_from_run(run) for run in child_runs(client, experiment_id, parent_run_id).values() if finished(run)
+    ]
+    return [with_trials(client, result) for result in results] if trials else results
 
 
 def with_trials(client: MlflowClient, result: CellResult) -> CellResult:
