@@ -10,6 +10,7 @@ REPORT_DIR = "report"  # the run folder's report (plots, selection table, HTML),
 CAPACITY_CSV = "capacity.csv"  # capacity frontiers, one row each: in the report folder and the run folder (parent run)
 TASK_JSONL = "task.jsonl"  # a cell's task trials, one JSON object a line: what was asked, what the model said
 RESULTS_JSON = "results.json"  # the sweep's params, every cell and the selection, for scripts: run folder, parent run
+FORECAST_JSON = "forecast.json"  # the forecast: rates, what they rest on (a CPU's probes), each cell's terms
 PARETO_CSV = "pareto.csv"  # each selection group's Pareto front (ranked latency, memory, quality), the pick marked
 SATURATION_CSV = "saturation.csv"  # per cache, serving mode and mix: the highest offered rate sustained, and the next
 

@@ -1,9 +1,8 @@
 """One sweep, end to end: config -> cells -> plan -> Ray -> MLflow -> table.
 
 `run_sweep` is the whole sequence, read top to bottom; each stage is a function that returns what the next
-needs. Where the jobs come from (the grid, the capacity searches) is a job source's business
-(`job_sources.py`); the sweep runs jobs and records results. Modules are used in the data's direction only;
-this file wires them and owns the exit code.
+needs. Where the jobs come from (the grid, the capacity searches) is a job source's business (`job_sources.py`);
+the sweep runs jobs and records results. This file wires the modules and owns the exit code.
 """
 
 import sys
@@ -18,7 +17,7 @@ from kvsweep.driver.progress import SweepProgress
 from kvsweep.driver.sweep_finish import SignalInterrupts, finish, interrupts_ignored, lease_lost
 from kvsweep.driver.sweep_tracking import Tracking, open_tracking
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import NODE_SOFTWARE_PARAM, ResultTag
+from kvsweep.names import FORECAST_JSON, NODE_SOFTWARE_PARAM, ResultTag
 from kvsweep.node_software import SoftwareCheck
 from kvsweep.plan.sweep_plan import plan_limits, plan_sweep, predicted_metrics, protocol_of, sweep_workload
 from kvsweep.redact import redact_text
@@ -166,14 +165,15 @@ def plan_jobs(
 def write_plan(
     source: JobSource, device: str, limits: "PlanLimits", run_dir: Path, forecast: "SweepForecast | None" = None
 ) -> None:
-    """`plan.txt` in the run folder: written when planned, again once Hub models are fetched and planned (then
-    with the forecast: the bill and each cell's seconds)."""
+    """`plan.txt` in the run folder: when planned, again once Hub models are planned, with the forecast (its bill,
+    each cell's seconds; `forecast.json` beside it)."""
     from kvsweep.forecast.sweep_bill import cell_lines
 
     run_dir.mkdir(parents=True, exist_ok=True)
     text = source.plan_text(device, limits)
     if forecast is not None:
         text += "\n\n" + "\n".join([*forecast.bill.lines(), "", *cell_lines(forecast.bill.cells)])
+        (run_dir / FORECAST_JSON).write_text(forecast.bill.to_json())
     (run_dir / "plan.txt").write_text(redact_text(text))
 
 

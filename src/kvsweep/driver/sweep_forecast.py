@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from kvsweep.config.schema import KvSweepConfig
 from kvsweep.errors import ConfigError
-from kvsweep.forecast.cell_forecast import CellForecast, ModelCost, forecast_cell
-from kvsweep.forecast.device_rates import DeviceRates, choose_gpu, cpu_rates, gpu_rates
+from kvsweep.forecast.cell_forecast import CellForecast, forecast_cell, model_cost
+from kvsweep.forecast.device_rates import DeviceRates, choose_gpu, cpu_rates, gpu_rates, probe_cpu
 from kvsweep.forecast.sweep_bill import ForecastCell, SweepBill
 from kvsweep.forecast.terms import Forecast, Term
 from kvsweep.grid import Cell, MeasureProtocol, cell_id
@@ -23,7 +23,6 @@ from kvsweep.model_names import display_names
 from kvsweep.models.resolve import classify
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell
-from kvsweep.plan.memory_fit import weights_bytes
 from kvsweep.plan.sweep_plan import model_facts
 from kvsweep.results import OK, CellResult
 
@@ -81,7 +80,7 @@ def device_rates(cfg: KvSweepConfig, device: str, cluster_gpu_names: list[str] |
     """This CPU's measured rates, or the GPU's datasheet ones: `planner.gpu`, else a local GPU, else one the
     cluster's nodes reported (a one-line ConfigError when none is named or known)."""
     if device != "cuda":
-        return cpu_rates(cfg.measure.threads)
+        return cpu_rates(probe_cpu(cfg.measure.threads, cfg.grid.dtypes))
     names = local_gpu_names() or list(cluster_gpu_names or [])
     return gpu_rates(choose_gpu(cfg.planner.gpu, names), cfg.planner.host_link_gbps)
 
@@ -127,8 +126,7 @@ def forecast_sweep(
         fact = facts.get(cell.model)
         if fact is None or fact.planned_parameters is None:
             return None
-        parameters = fact.planned_parameters
-        model = ModelCost(parameters, weights_bytes(cell, parameters, fact.layout), fact.shape)
+        model = model_cost(cell, fact.planned_parameters, fact.layout, fact.shape, device)
         return forecast_cell(cell, protocol, model, rates)
 
     cells, unforecast, by_id = [], [], {}

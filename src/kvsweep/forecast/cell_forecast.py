@@ -29,9 +29,13 @@ from kvsweep.forecast.terms import (
 )
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.models.shape import KvShape
+from kvsweep.models.weight_layout import WeightLayout
+from kvsweep.models.weight_schemes import copying_rows, quantized_weights, weight_scheme
 from kvsweep.plan.kv_prediction import decode_kv_traffic
+from kvsweep.plan.memory_fit import weights_bytes
 from kvsweep.plan.offload import task_calls
 from kvsweep.plan.workload_cells import served_strategy
+from kvsweep.units import DTYPE_BYTES
 from kvsweep.workload.request_mix import RequestMix
 from kvsweep.workload.workload_spec import BATCHED, SEQUENTIAL, fitted
 
@@ -48,11 +52,24 @@ LOGITS_PASSES = 2  # the quality check's calls: dynamic's reference and the teac
 @dataclass(frozen=True)
 class ModelCost:
     """What one model costs a forward pass: its parameters (every weight multiplies every token), the bytes its
-    weights take as the cell loads them (each decode step reads them all), and its shape."""
+    weights take as the cell loads them (each decode step reads them all), and its shape. A quantized model whose
+    matmul first writes its weights out in the model's dtype moves `copy_bytes` more (the copy written, then read)
+    in every pass of at least `copy_rows` rows: the kernel's bytes, where `weight_bytes` are the stored ones."""
 
     parameters: int
     weight_bytes: int
     shape: KvShape
+    copy_bytes: int = 0
+    copy_rows: int = 0  # 0: the kernel reads the stored bytes at any row count
+
+
+def model_cost(cell: Cell, parameters: int, layout: WeightLayout | None, shape: KvShape, device_kind: str) -> ModelCost:
+    """A model's cost as `cell` loads it on a `device_kind` device: its weights' stored bytes, and the copy its
+    weight scheme's kernel makes there (`weight_schemes.copying_rows`)."""
+    rows = copying_rows(weight_scheme(cell.weights), device_kind, cell.dtype)
+    quantized = quantized_weights(layout) if layout is not None else parameters
+    copy = 2 * DTYPE_BYTES[cell.dtype] * quantized if rows else 0
+    return ModelCost(parameters, weights_bytes(cell, parameters, layout), shape, copy, rows)
 
 
 @dataclass(frozen=True)
@@ -101,7 +118,9 @@ def call_cost(
         rates.bandwidth,
         traffic.host_link_bytes,
         rates.host_link,
-        overhead * (STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0) if rates.calibrated else 1.0),
+        shape.layers
+        * rates.step_layer_overhead_s(cell.compile and strategy.compilable)
+        * (STEP_OVERHEAD_FACTOR.get(strategy.family, 1.0) if rates.calibrated else 1.0),
     )
     return CallCost(prefill + overhead, step)
 
@@ -114,16 +133,18 @@ def active_parameters(parameters: int, shape: KvShape) -> int:
 
 
 def weights_read(model: ModelCost, tokens: int) -> float:
-    """The weight bytes a forward pass over `tokens` tokens reads (a decode step: one a row; a prefill: every prompt
-    token): all of a dense model's; of a mixture of experts, the shared weights and the experts its tokens are
-    routed to. Routed evenly, tokens choosing k of E experts each touch E × (1 − (1 − k/E)^tokens) distinct
-    experts a layer (one token: k; many: nearly all)."""
+    """The weight bytes a forward pass over `tokens` tokens moves (a decode step: one a row; a prefill: every
+    prompt token), as its kernels do (a dequantized copy included where the scheme makes one): all of a dense
+    model's; of a mixture of experts, the shared weights and the experts its tokens are routed to. Routed evenly,
+    tokens choosing k of E experts each touch E × (1 − (1 − k/E)^tokens) distinct experts a layer (one token: k;
+    many: nearly all)."""
     shape = model.shape
+    moved = model.weight_bytes + (model.copy_bytes if model.copy_rows and tokens >= model.copy_rows else 0)
     if not shape.experts or not model.parameters:
-        return float(model.weight_bytes)
+        return float(moved)
     missed = (1 - shape.experts_per_token / shape.experts) ** tokens
     idle = shape.layers * shape.experts * missed * shape.expert_parameters
-    return model.weight_bytes * max(model.parameters - idle, 0) / model.parameters
+    return moved * max(model.parameters - idle, 0) / model.parameters
 
 
 def expected_measured(protocol: MeasureProtocol, call_s: float) -> int:

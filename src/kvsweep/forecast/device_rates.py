@@ -2,13 +2,13 @@
 
 A GPU's are its datasheet peaks (`gpu_datasheet.py`, chosen by `planner.gpu` or detected from the local GPU's name)
 times the shares in `sustained.py`: uncalibrated until a GPU run has measured them, and said so. A CPU's are
-measured here, in-process, as the cells will see them: a float32 matmul's FLOP/s and the copy bandwidth the cells
-probe too (`measure.bandwidth`), times shares calibrated on this project's CPU (`CPU_*` below, BENCHMARKS.md).
+measured here, in-process, as the cells will see them: a linear layer's FLOP/s in each dtype of the grid and the
+copy bandwidth the cells probe too (`measure.bandwidth`), at shares calibrated on this CPU (`CPU_*`, BENCHMARKS.md).
 """
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 
 from kvsweep.errors import ConfigError
 from kvsweep.forecast import sustained
@@ -20,6 +20,10 @@ from kvsweep.units import GB
 CPU_FLOP_FRACTION = 0.84  # a prefill's matmuls and attention, against the probe's square float32 matmul
 CPU_BANDWIDTH_FRACTION = 0.31  # a decode step's bytes, against the probe's copy (which counts read + write)
 CPU_LAYER_OVERHEAD_S = 4.6e-4  # host time a decoder layer adds to each forward (Python, module calls, small ops)
+# A compiled decode step's, a layer: tiny-llama's (4 layers, the shape host time dominates) saved 0.20 ms a layer
+# compiled (BENCHMARKS.md, "Forecast"); SmolLM2's saved 0.51, Inductor's fusions sparing bytes too, which the
+# forecast does not count: a compiled step is forecast no faster than that.
+CPU_COMPILED_LAYER_OVERHEAD_S = 2.6e-4
 CPU_START_S = 0.48  # an actor from the warm template to its first call: device set-up, the bandwidth probe
 CPU_LOAD_BYTES_PER_S = 0.95e9  # building the model from its files (a preset: initialising random weights)
 CPU_COMPILE_ALLOWANCE_S = 60.0  # torch.compile of a cell's forward (each new shape: again), until one was measured
@@ -46,11 +50,25 @@ class DeviceRates:
     calibrated: bool  # False: datasheet shares no run has checked (a GPU until its first run)
     gpu: Gpu | None = None
     dtype_flop_rates: Mapping[str, float] = field(default_factory=dict)  # dtype -> its own rate, where not flop_rate
+    probes: "CpuProbes | None" = None  # a CPU's: what its rates were computed from
+    compiled_layer_overhead_s: float | None = None  # a compiled cell's decode step, a layer (None: as eager)
+
+    def step_layer_overhead_s(self, compiled: bool) -> float:
+        """Host seconds a decoder layer adds to a decode step: less where the step is compiled."""
+        if compiled and self.compiled_layer_overhead_s is not None:
+            return self.compiled_layer_overhead_s
+        return self.layer_overhead_s
 
     def flop_rate_of(self, dtype: str) -> float:
-        """FLOP/s a prefill of `dtype` sustains: a GPU's per-dtype peak (float32 on the CUDA cores, TF32 off);
-        on a CPU the measured float32 rate for every dtype, as calibrated."""
+        """FLOP/s a prefill of `dtype` sustains: a GPU's per-dtype peak (float32 on the CUDA cores, TF32 off); a
+        CPU's probe in that dtype, at the calibrated share."""
         return self.dtype_flop_rates.get(dtype, self.flop_rate)
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain data (`forecast.json`): the rates, the GPU by its key, a CPU's probe readings."""
+        plain = {k: v for k, v in asdict(self).items() if k not in ("gpu", "probes")}
+        gpu, probes = self.gpu, self.probes
+        return {**plain, "gpu": gpu and gpu.key, "probes": probes and probes.to_dict()}
 
     def label(self) -> str:
         text = f"{self.name}, {'calibrated' if self.calibrated else 'uncalibrated (datasheet shares)'}"
@@ -75,6 +93,7 @@ def gpu_rates(gpu: Gpu, host_link_gbps: float) -> DeviceRates:
         host_link=min(host_link_gbps * GB, gpu.host_link * sustained.HOST_LINK_FRACTION),
         load_rate=sustained.LOAD_BYTES_PER_S,
         layer_overhead_s=sustained.LAYER_OVERHEAD_S,
+        compiled_layer_overhead_s=sustained.COMPILED_LAYER_OVERHEAD_S,
         start_s=GPU_START_S,
         compile_allowance_s=GPU_COMPILE_ALLOWANCE_S,
         calibrated=False,
@@ -95,41 +114,66 @@ def choose_gpu(key: str, local_names: list[str]) -> Gpu:
     raise ConfigError(f"planner.gpu is not set and {seen}: name the GPU the forecast assumes ({known})")
 
 
-def cpu_rates(threads: int = 0) -> DeviceRates:
-    """This CPU's rates, measured now (about half a second), at the calibrated shares."""
+@dataclass(frozen=True)
+class CpuProbes:
+    """What this CPU's probes read as the sweep starts: a linear layer's FLOP/s in each dtype the grid runs (a CPU
+    without bfloat16 instructions runs a bfloat16 matmul several times slower than a float32 one) and the copy
+    bandwidth. Kept with the forecast (`forecast.json`) so a check can forecast the same cells again later."""
+
+    flop_rates: Mapping[str, float]  # dtype -> FLOP/s
+    bandwidth: float  # bytes/s, as `measure.bandwidth` reads it
+
+    def to_dict(self) -> dict[str, object]:
+        return {"flop_rates": dict(self.flop_rates), "bandwidth": self.bandwidth}
+
+
+def probe_cpu(threads: int = 0, dtypes: Iterable[str] = (FLOAT32,)) -> CpuProbes:
+    """The probes, now (about half a second a dtype), float32 always: the rate the others are named against."""
     from kvsweep.measure.bandwidth import device_bandwidth
 
-    flops = probe_flop_rate(threads)
-    bandwidth = device_bandwidth("cpu").gbps * GB
+    rates = {dtype: probe_flop_rate(threads, dtype) for dtype in dict.fromkeys((FLOAT32, *dtypes))}
+    return CpuProbes(rates, device_bandwidth("cpu").gbps * GB)
+
+
+def cpu_rates(probes: CpuProbes) -> DeviceRates:
+    """This CPU's rates from its probes' readings, at the calibrated shares."""
+    flops = probes.flop_rates[FLOAT32]
+    each = ", ".join(f"{dtype} {rate / 1e9:.0f}" for dtype, rate in probes.flop_rates.items())
     return DeviceRates(
-        name=f"this CPU (measured: {flops / 1e9:.0f} GFLOP/s, {bandwidth / GB:.1f} GB/s)",
+        name=f"this CPU (measured: {each} GFLOP/s, {probes.bandwidth / GB:.1f} GB/s)",
         flop_rate=flops * CPU_FLOP_FRACTION,
-        bandwidth=bandwidth * CPU_BANDWIDTH_FRACTION,
-        host_link=bandwidth * CPU_BANDWIDTH_FRACTION,  # an "offload" on a CPU copies within host memory
+        dtype_flop_rates={d: r * CPU_FLOP_FRACTION for d, r in probes.flop_rates.items()},
+        bandwidth=probes.bandwidth * CPU_BANDWIDTH_FRACTION,
+        host_link=probes.bandwidth * CPU_BANDWIDTH_FRACTION,  # an "offload" on a CPU copies within host memory
         load_rate=CPU_LOAD_BYTES_PER_S,
         layer_overhead_s=CPU_LAYER_OVERHEAD_S,
+        compiled_layer_overhead_s=CPU_COMPILED_LAYER_OVERHEAD_S,
         start_s=CPU_START_S,
         compile_allowance_s=CPU_COMPILE_ALLOWANCE_S,
         calibrated=True,
+        probes=probes,
     )
 
 
-def probe_flop_rate(threads: int = 0) -> float:
-    """FLOP/s of a square float32 matmul, best of repeated readings over `PROBE_SECONDS` (`threads` > 0: with that
-    many threads, as `measure.threads` runs a cell; else torch's default, every core, as a CPU cell runs)."""
+def probe_flop_rate(threads: int = 0, dtype: str = FLOAT32) -> float:
+    """FLOP/s of a linear layer (`F.linear`, the call a model's layers make) in `dtype`, square, best of repeated
+    readings over `PROBE_SECONDS` (`threads` > 0: with that many threads, as `measure.threads` runs a cell; else
+    torch's default, every core, as a CPU cell runs)."""
     import torch
+    import torch.nn.functional as F
 
     before = torch.get_num_threads()
     if threads > 0:
         torch.set_num_threads(threads)
     try:
-        a = torch.randn(PROBE_SIDE, PROBE_SIDE)
-        b = torch.randn(PROBE_SIDE, PROBE_SIDE)
-        torch.mm(a, b)  # first touch: page faults and thread start are not compute
+        kind = getattr(torch, dtype)
+        a = torch.randn(PROBE_SIDE, PROBE_SIDE, dtype=kind)
+        b = torch.randn(PROBE_SIDE, PROBE_SIDE, dtype=kind)
+        F.linear(a, b)  # first touch: page faults and thread start are not compute
         best, until = float("inf"), time.perf_counter() + PROBE_SECONDS
         while time.perf_counter() < until:
             started = time.perf_counter()
-            torch.mm(a, b)
+            F.linear(a, b)
             best = min(best, time.perf_counter() - started)
         return 2 * PROBE_SIDE**3 / best
     finally:

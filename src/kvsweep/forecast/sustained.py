@@ -26,6 +26,8 @@ HOST_LINK_FRACTION = 0.8
 # roughly 0.3 ms per decoder layer on a recent server CPU, so ~10 ms for a 32-layer 7-8B decoder. A compiled
 # cell with CUDA graphs spends far less; calibration gives each its own.
 LAYER_OVERHEAD_S = 3e-4
+# A compiled cell replays its decode step as CUDA graphs: one launch a step, a few microseconds a layer.
+COMPILED_LAYER_OVERHEAD_S = 1e-5
 STEP_OVERHEAD_S = 32 * LAYER_OVERHEAD_S  # a 32-layer decoder's: the default where the layer count is not passed
 
 # Loading safetensors weights: a local NVMe read into host memory and a copy over the host link, ~2 GB/s overall

@@ -10,6 +10,7 @@ count the held hours; a budget over cells with no forecast is refused, saying wh
 """
 
 import heapq
+import json
 from dataclasses import dataclass, field
 
 from kvsweep.errors import ConfigError
@@ -20,6 +21,7 @@ from kvsweep.grid import Cell, run_order
 
 HUB_BYTES_PER_S = 200e6  # a model's files from the Hub to a node: a typical datacentre download, a guess
 LARGEST_SHOWN = 3
+FORECAST_JSON_VERSION = 1  # bumped when a key changes meaning; new keys may appear without a bump
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,36 @@ class SweepBill:
             lines += [f"    {line}" for line in c.forecast.forecast.describe().splitlines()]
         lines += [f"  no forecast: {why}" for why in self.unforecast]
         return lines
+
+    def to_json(self) -> str:
+        """`forecast.json`: the totals, the rates and what they were computed from (a CPU's probe readings), and
+        each cell's seconds by term, for scripts and for checking the forecast again on what the cells took."""
+        rates = self.rates
+        return json.dumps(
+            {
+                "version": FORECAST_JSON_VERSION,
+                "rates": None if rates is None else rates.to_dict(),
+                "unavailable": self.unavailable,
+                "gpus": self.gpus,
+                "slots": self.slots,
+                "wall_s": self.wall_s if rates else None,
+                "gpu_hours_busy": self.gpu_hours,
+                "gpu_hours_held": self.held_gpu_hours,
+                "cells": [
+                    {
+                        "cell_id": c.cell_id,
+                        "label": c.cell.label,
+                        "seconds": c.forecast.seconds,
+                        "ttft_s": c.forecast.ttft_s,
+                        "tpot_s": c.forecast.tpot_s,
+                        "terms": {t.name: t.seconds for t in c.forecast.forecast.terms},
+                    }
+                    for c in self.cells
+                ],
+                "unforecast": self.unforecast,
+            },
+            indent=1,
+        )
 
     def check_budget(self, max_gpu_hours: float) -> None:
         """A one-line `ConfigError` when the forecast is over `planner.max_gpu_hours` (0: no budget)."""

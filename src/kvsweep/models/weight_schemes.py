@@ -145,3 +145,34 @@ def layout_bytes(layout: WeightLayout | Block, scheme: WeightScheme | None, dtyp
         return block_bytes(layout, scheme, dtype_bytes)
     inner = sum(block_bytes(b, scheme, dtype_bytes) for b in (layout.first, *layout.layers))
     return inner + block_bytes(layout.last, scheme, dtype_bytes, quantized=False)
+
+
+def copying_rows(scheme: WeightScheme | None, device_kind: str, dtype: str) -> int:
+    """The fewest rows (tokens in one matmul) at which the scheme's matmul first writes its weights out in the
+    model's dtype and multiplies that copy; 0 where its kernel reads the stored bytes at any row count. Read from
+    the backends' sources, for real models' shapes (in and out features multiples of 128):
+
+    - quanto int8: on a CPU in bfloat16, `_weight_int8pack_mm` reads the int8 weights; elsewhere `qbytes_mm`
+      multiplies the scales into the weights first (`output_scales * weights`), a copy in the dtype, every call.
+    - quanto int4: tinygemm (bfloat16, CPU or CUDA) and AWQ (float16, CUDA) read the packed weights; in float32,
+      or float16 on a CPU, the weights are dequantized first.
+    - bitsandbytes NF4: one row runs `gemv_4bit` on the packed weights; more rows dequantize first.
+    - bitsandbytes int8 and torchao int4: int8 and tinygemm kernels read what is stored.
+    """
+    if scheme is None or scheme.backend in ("torchao",) or (scheme.backend == "bnb" and scheme.bits == 8):
+        return 0
+    if scheme.backend == "bnb":
+        return 2
+    if scheme.bits == 8:
+        return 0 if device_kind == "cpu" and dtype == "bfloat16" else 1
+    kernel = dtype == "bfloat16" or (dtype == "float16" and device_kind == "cuda")
+    return 0 if kernel else 1
+
+
+def quantized_weights(layout: WeightLayout) -> int:
+    """The weight elements a scheme quantizes: every linear's but the head's (`layout_bytes`)."""
+    return sum(
+        linear.count * linear.in_features * linear.out_features
+        for b in (layout.first, *layout.layers)
+        for linear in b.linears
+    )

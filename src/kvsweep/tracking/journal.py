@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsweep.config.schema import ReportConfig
 from kvsweep.models.presets import shape_only_tags
-from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, RESULTS_JSON, Metric, ResultTag, RunTag
+from kvsweep.names import CAPACITY_CSV, FORECAST_JSON, PARETO_CSV, REPORT_DIR, RESULTS_JSON, Metric, ResultTag, RunTag
 from kvsweep.redact import redact_text
 from kvsweep.results import CellResult
 
@@ -116,7 +116,7 @@ def find_journals(path: Path) -> list[Path]:
 
 
 # logged on the parent run from the run folder
-SWEEP_FILES = ("plan.txt", "results.csv", "results.txt", RESULTS_JSON, CAPACITY_CSV, PARETO_CSV)
+SWEEP_FILES = ("plan.txt", FORECAST_JSON, "results.csv", "results.txt", RESULTS_JSON, CAPACITY_CSV, PARETO_CSV)
 
 
 def quality_tags(result: CellResult, sweep_params: dict) -> dict[str, str]:
