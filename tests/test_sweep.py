@@ -66,7 +66,8 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     parents, children = cell_runs(uri)
     assert len(parents) == 1 and len(children) == 3
     parent = parents[0]
-    assert parent.info.status == "FINISHED" and parent.data.tags["kvsweep.sweep"] == "quickstart"
+    # the quickstart file's sweep with its grid changed on the command line: no longer the quickstart
+    assert parent.info.status == "FINISHED" and parent.data.tags["kvsweep.sweep"] == "quickstart-custom"
     by_cache = {c.data.params["cache"]: c for c in children}
     for cache in ("dynamic", "static"):
         run = by_cache[cache]
@@ -98,6 +99,14 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "results.csv", "plan.txt"} <= artifacts
     assert "forecast: 2 cells" in (tmp_path / "run" / "plan.txt").read_text()  # offloaded: skipped on a CPU
+    # forecast.json, a second reading of what each cell logged as its forecast, with the probe readings behind it
+    stored = json.loads((tmp_path / "run" / "forecast.json").read_text())
+    logged = {c.data.tags["kvsweep.cell_id"]: c.data.metrics.get("forecast_s") for c in by_cache.values()}
+    assert {c["cell_id"]: c["seconds"] for c in stored["cells"]} == pytest.approx(
+        {cid: seconds for cid, seconds in logged.items() if seconds is not None}
+    )
+    assert stored["rates"]["probes"]["flop_rates"]["float32"] > 1e9 and stored["rates"]["probes"]["bandwidth"] > 0
+    assert "forecast.json" in artifacts
     assert "cells took" in proc.stdout and (tmp_path / "run" / "report" / "plots" / "forecast_ratio.png").is_file()
     assert "parent run" in proc.stdout and "mlflow ui --backend-store-uri" in proc.stdout
     assert "/#/experiments/" in proc.stdout
@@ -116,7 +125,7 @@ def test_python_m_kvsweep_leaves_parent_and_child_runs(tmp_path):
     assert group["summary"] in proc.stdout  # the line the terminal printed
     strategies = {e["cache"]: e["status"] for e in group["strategies"]}
     assert strategies["dynamic"] == strategies["static"] == "ok" and strategies.get("offloaded", "skipped") == "skipped"
-    assert document["sweep"]["name"] == "quickstart" and document["sweep"]["measure.repeats"] == 2
+    assert document["sweep"]["name"] == "quickstart-custom" and document["sweep"]["measure.repeats"] == 2
 
 
 def test_oom_skipped_and_bad_model_do_not_stop_the_sweep(run_sweep):

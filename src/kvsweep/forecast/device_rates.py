@@ -12,20 +12,22 @@ from dataclasses import asdict, dataclass, field
 
 from kvsweep.errors import ConfigError
 from kvsweep.forecast import sustained
-from kvsweep.forecast.gpu_datasheet import FLOAT32, GPUS, TERA, Gpu, detect, gpu_by_key
+from kvsweep.gpu_datasheet import FLOAT32, GPUS, TERA, Gpu, detect, gpu_by_key
 from kvsweep.units import GB
 
 # A CPU cell's rates against what the probes read, and its fixed costs: calibrated by
 # `scripts/benchmarks/forecast_accuracy.py` on this project's 2-core CPU (BENCHMARKS.md, "Forecast").
-CPU_FLOP_FRACTION = 0.84  # a prefill's matmuls and attention, against the probe's square float32 matmul
-CPU_BANDWIDTH_FRACTION = 0.31  # a decode step's bytes, against the probe's copy (which counts read + write)
-CPU_LAYER_OVERHEAD_S = 4.6e-4  # host time a decoder layer adds to each forward (Python, module calls, small ops)
+# The shares are against the probes as a sweep takes them: in the driver, while the node's template imports torch
+# beside it, so they read low (float32 90 GFLOP/s there against ~175 on a quiet core pair) and a share tops 1.
+CPU_FLOP_FRACTION = 1.76  # a prefill's matmuls and attention, against the probe's linear layer in the cell's dtype
+CPU_BANDWIDTH_FRACTION = 0.74  # a decode step's bytes, against the probe's copy (which counts read + write)
+CPU_LAYER_OVERHEAD_S = 8.4e-4  # host time a decoder layer adds to each forward (Python, module calls, small ops)
 # A compiled decode step's, a layer: tiny-llama's (4 layers, the shape host time dominates) saved 0.20 ms a layer
 # compiled (BENCHMARKS.md, "Forecast"); SmolLM2's saved 0.51, Inductor's fusions sparing bytes too, which the
 # forecast does not count: a compiled step is forecast no faster than that.
-CPU_COMPILED_LAYER_OVERHEAD_S = 2.6e-4
-CPU_START_S = 0.48  # an actor from the warm template to its first call: device set-up, the bandwidth probe
-CPU_LOAD_BYTES_PER_S = 0.95e9  # building the model from its files (a preset: initialising random weights)
+CPU_COMPILED_LAYER_OVERHEAD_S = 6.4e-4  # eager's less those 0.20 ms
+CPU_START_S = 0.75  # an actor from the warm template to its first call: device set-up, the bandwidth probe
+CPU_LOAD_BYTES_PER_S = 0.28e9  # building the model from its files (a preset: initialising random weights)
 CPU_COMPILE_ALLOWANCE_S = 60.0  # torch.compile of a cell's forward (each new shape: again), until one was measured
 
 GPU_START_S = 15.0  # actor start, CUDA context, imports beyond the warm template: a guess until a GPU run
