@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conftest import cell_runs
+from kvsweep.cell.process import NO_RESULT
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.run_cell import record_failure
-from kvsweep.cell.template import NO_RESULT
 from kvsweep.errors import ConfigError
 from kvsweep.grid import Cell, MeasureProtocol
 from kvsweep.results import ERROR, OK, CellResult

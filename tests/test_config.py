@@ -117,6 +117,23 @@ def test_bad_config_fails_before_ray_starts(tmp_path):
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["grid.caches=[dynamic]"], "quickstart-custom"),  # the quickstart's file no longer says what is measured
+        (["+sweep=long_context", "grid.context_lengths=[4096]"], "long_context-custom"),
+        (
+            ["workload.source=lengths", "workload.input_lengths=fixed:64", "workload.output_lengths=fixed:8"],
+            "quickstart-custom",
+        ),
+        (["grid.caches=[dynamic]", "name=mine"], "mine"),  # a name given wins
+        (["measure=quick", "report.rank_by=ttft_ms"], "quickstart"),  # how it measures: still the same sweep
+    ],
+)
+def test_a_sweep_whose_grid_the_command_line_changed_is_named_for_it(overrides, name):
+    assert compose_config(overrides).config.name == name
+
+
 def test_default_is_quickstart_and_sweeps_select_files():
     quick = compose_config([]).config
     assert quick.name == "quickstart"
@@ -180,7 +197,7 @@ def test_cfg_job_prints_the_composed_config_and_starts_nothing(tmp_path, monkeyp
     uri = "http://alice:pw-9f8e7d@tracking.example:5000"
     assert main(["--cfg", "job", "+sweep=long_context", "grid.batch_sizes=[2]", f"mlflow.tracking_uri={uri}"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["name"] == "long_context" and printed["grid"]["batch_sizes"] == [2]
+    assert printed["name"] == "long_context-custom" and printed["grid"]["batch_sizes"] == [2]  # its grid changed
     assert printed["grid"]["dtypes"] == ["bfloat16"]  # from sweeps/long_context.yaml
     assert printed["measure"]["repeats"] >= 1 and "hydra" not in printed
     assert printed["mlflow"]["tracking_uri"] == "http://***@tracking.example:5000"  # printed redacted

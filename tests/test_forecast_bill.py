@@ -77,7 +77,7 @@ def test_a_float32_prefill_runs_at_the_cuda_core_peak_and_a_bf16_one_at_the_tens
     67 TFLOP/s), not its dense bf16 tensor figure (989.4). The same cell's prefill in float32 and in bfloat16 is the
     same FLOPs at those two rates, each at the sustained share: their ratio is the datasheets' ratio."""
     from kvsweep.forecast.device_rates import gpu_rates
-    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+    from kvsweep.gpu_datasheet import gpu_by_key
 
     rates = gpu_rates(gpu_by_key(gpu), 25.0)
     model = tiny_llama()
@@ -146,7 +146,7 @@ def test_a_short_prompts_prefill_is_floored_by_reading_the_weights_once():
     = 0.43 ms, but the pass reads all 16 GB of weights at 3,350 GB/s × 0.8: 6.0 ms, the roofline's floor. At 4,096
     tokens the FLOPs take longer than the read, and the floor is gone."""
     from kvsweep.forecast.device_rates import gpu_rates
-    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+    from kvsweep.gpu_datasheet import gpu_by_key
 
     facts = read_facts(classify("llama-3.1-8b"))
     model = ModelCost(facts.parameters, 2 * facts.parameters, facts.shape)
@@ -186,7 +186,7 @@ def test_the_host_link_is_as_configured_but_never_above_what_the_parts_pcie_sust
     """`planner.host_link_gbps` is a sustained rate; 100 GB/s is more than any PCIe x16 link carries one way: an
     H100's Gen5 link (64 GB/s) at 0.8 is 51.2 GB/s, an A100's Gen4 (32 GB/s) 25.6; the default 25 stands on both."""
     from kvsweep.forecast.device_rates import gpu_rates
-    from kvsweep.forecast.gpu_datasheet import gpu_by_key
+    from kvsweep.gpu_datasheet import gpu_by_key
 
     assert gpu_rates(gpu_by_key("h100-sxm"), 100.0).host_link == pytest.approx(51.2e9)
     assert gpu_rates(gpu_by_key("a100-80gb"), 100.0).host_link == pytest.approx(25.6e9)

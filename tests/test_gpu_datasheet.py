@@ -6,7 +6,7 @@ from urllib.parse import urlparse
 import pytest
 
 from kvsweep.errors import ConfigError
-from kvsweep.forecast.gpu_datasheet import GPUS, detect, gpu_by_key
+from kvsweep.gpu_datasheet import GPUS, detect, gpu_by_key
 
 TERA, GB = 1e12, 1e9
 # The bf16 tensor figures the vendors print with 2:4 sparsity (the asterisked column); the table's are half.

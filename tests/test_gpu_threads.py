@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from kvsweep.cell.process import Threads, resolve_threads
+from kvsweep.cell.cpu_slots import Threads, resolve_threads
 from kvsweep.driver.actor_placement import GPU_CELL_MAX_CPUS, auto_cpus_per_cell, with_cpus_resolved
 from kvsweep.driver.ray_session import CellNeeds
 from kvsweep.grid import MeasureProtocol

@@ -36,7 +36,7 @@ def allocations_under_a_limit():
     import torch
 
     from kvsweep.cell.memory_limit import memory_limit, vm_data_bytes
-    from kvsweep.cell.process import out_of_memory
+    from kvsweep.errors import out_of_memory
 
     torch.set_num_threads(1)
     seen = {"rlimit_before": resource.getrlimit(resource.RLIMIT_DATA), "vm_data_gb": vm_data_bytes() / GB}

@@ -312,3 +312,22 @@ def test_checks_catch_a_broken_link_a_missing_heading_and_an_unknown_key():
 def test_anchors_follow_githubs_rule():
     page = Page.parse(ROOT / "x.md", "# The answer: selection table\n## `ray.*` keys\n## Notes\n## Notes\n")
     assert page.anchors() == {"the-answer-selection-table", "ray-keys", "notes", "notes-1"}
+
+
+def test_the_readme_names_every_shipped_sweep_cache_and_model_preset():
+    """The README's lists are complete and nothing in them is stale: its sweep table is the sweep files, its caches
+    every registered strategy, its models every bundled preset (one added without a word fails here)."""
+    from kvsweep.caches.registry import cache_names
+    from kvsweep.models.presets import PRESETS as MODEL_PRESETS
+
+    text = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE)) == SWEEPS
+    named = set(re.findall(r"`([a-z0-9_.-]+)`", text))
+    assert set(cache_names()) <= named, set(cache_names()) - named
+    assert set(MODEL_PRESETS) <= named, set(MODEL_PRESETS) - named
+
+
+def test_the_readme_is_the_two_commands_one_answer_and_links():
+    """A README read in minutes: what it is, the two commands, one real answer, the cluster command, links;
+    the detail lives in docs/ (at most 250 lines)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250

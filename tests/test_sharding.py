@@ -13,8 +13,8 @@ from kvsweep.grid import Cell
 from kvsweep.models.build import Split, build_model, build_split_model, decoder_layers, device_map, torch_dtype_of
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.resolve import classify
+from kvsweep.models.sharding import LayerCosts, load, split_layers
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, estimate_peak, layer_costs
-from kvsweep.plan.sharding import LayerCosts, load, split_layers
 from kvsweep.units import GB
 
 

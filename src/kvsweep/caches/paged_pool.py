@@ -111,3 +111,18 @@ def paged_problem(strategy: CacheStrategy, shape: KvDims, batch: int, prompt: in
             f"{unaccounted or 'sliding-window, chunked or state layers'}"
         )
     return None
+
+
+@dataclass(frozen=True)
+class PagedReading:
+    """What the pool held during one call, and how the manager ran."""
+
+    pool: PagedPool
+    usable_blocks: int  # pages the pool really holds (whole sectors)
+    peak_blocks: int  # pages in use at the fullest moment of the call
+    block_bytes: int  # one page of every layer's K and V
+    attention: str  # the attention implementation continuous batching ran
+
+    @property
+    def in_use_bytes(self) -> int:
+        return self.peak_blocks * self.block_bytes

@@ -21,9 +21,8 @@ import ray
 
 from kvsweep.cell.cpu_slots import AFFINITY, CpuGrant, cores_to_ask, shared
 from kvsweep.cell.gpu_numa import visible_gpus_node
-from kvsweep.cell.process import GatedRun, gate_path, host_gate, oom_kills, process_started_at
+from kvsweep.cell.process import NO_RESULT, GatedRun, gate_path, host_gate, oom_kills, process_started_at
 from kvsweep.cell.request import CellRequest
-from kvsweep.cell.template import NO_RESULT
 
 RUNNER_MODULE = "kvsweep.cell.run_cell"
 TEMPLATE_PREFIX = "kvsweep-template-"

@@ -17,7 +17,7 @@ import torch
 from kvsweep.caches import BASELINE, CacheStrategy, get_strategy
 from kvsweep.cell.call_inputs import Feed
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
-from kvsweep.cell.process import out_of_memory
+from kvsweep.errors import out_of_memory
 from kvsweep.grid import Cell
 from kvsweep.inputs.prompt import Prompt
 from kvsweep.inputs.scoring import value_hits

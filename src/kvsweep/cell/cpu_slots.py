@@ -1,4 +1,5 @@
-"""Which of a node's cores each CUDA cell runs on: disjoint sets, handed out by the node's template.
+"""Which of a node's cores each CUDA cell runs on (disjoint sets, handed out by the node's template), and how many
+torch threads a cell computes with (`resolve_threads`).
 
 Ray reserves CPUs as a count and sets no affinity, so without slots every cell meters all of a node's cores and
 reads each sibling GPU cell's kernel launching (about one core) as contention (docs/cluster.md). The node's
@@ -161,3 +162,30 @@ def read_places(cpus: Iterable[int], root: str = SYS_CPU) -> list[CpuPlace]:
         nodes = sorted(int(n.name[4:]) for n in folder.glob("node*") if n.name[4:].isdigit())
         places.append(CpuPlace(nodes[0] if nodes else 0, core, cpu))
     return places
+
+
+@dataclass(frozen=True)
+class Threads:
+    """torch's intra-op thread count for a cell, and which setting decided it (recorded with the result)."""
+
+    count: int
+    source: str  # measure.threads, ray.cpus_per_cell, OMP_NUM_THREADS or cpu affinity
+
+
+def resolve_threads(
+    device: str, requested: int, cpus_per_cell: int, omp_num_threads: str | None, allowed_cpus: int
+) -> Threads:
+    """How many threads a cell computes with; `measure.threads` > 0 is taken as it is.
+
+    Auto (0): a CPU cell uses every core it may run on (`allowed_cpus`): the CPU is what it measures, one cell at
+    a time. A CUDA cell's CPU work is launching kernels beside the node's other cells: it uses the CPUs Ray
+    reserved (`cpus_per_cell`, else Ray's `OMP_NUM_THREADS`), at most `allowed_cpus`; outside Ray, every one.
+    """
+    if requested > 0:
+        return Threads(requested, "measure.threads")
+    if device == "cuda":
+        if cpus_per_cell > 0:
+            return Threads(min(cpus_per_cell, allowed_cpus), "ray.cpus_per_cell")
+        if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
+            return Threads(min(int(omp_num_threads), allowed_cpus), "OMP_NUM_THREADS")
+    return Threads(allowed_cpus, "cpu affinity")

@@ -28,9 +28,8 @@ import torch  # noqa: E402  (the preload: what a fresh process would spend secon
 import transformers  # noqa: E402, F401
 
 from kvsweep.cell.cpu_slots import pid_alive  # noqa: E402
-from kvsweep.cell.process import GatedRun, process_started_at, restart_nvml  # noqa: E402
+from kvsweep.cell.process import NO_RESULT, NVML_CHECK, GatedRun, process_started_at, restart_nvml  # noqa: E402
 from kvsweep.cell.run_cell import MAX_ERROR_CHARS, record_failure  # noqa: E402
-from kvsweep.cell.template import NO_RESULT, NVML_CHECK  # noqa: E402
 from kvsweep.models.presets import PRESETS  # noqa: E402
 from kvsweep.results import ERROR, CellResult  # noqa: E402
 

@@ -24,7 +24,7 @@ from kvsweep.testing.faults import InjectFault
 from kvsweep.testing.testing_config import Fault
 
 if TYPE_CHECKING:
-    from kvsweep.cell.paged_session import PagedReading
+    from kvsweep.caches.paged_pool import PagedReading
 
 
 @dataclass

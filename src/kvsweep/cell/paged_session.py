@@ -14,34 +14,18 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvsweep.caches import CacheStrategy
-from kvsweep.caches.paged_pool import PagedPool, pool_for
+from kvsweep.caches.paged_pool import PagedPool, PagedReading, pool_for
 from kvsweep.cell.generate_session import GenerateSession, MeasuredCall
 from kvsweep.measure.cache_identity import CacheIdentity, KvBytes
 from kvsweep.measure.sampling import TokenTimes
 from kvsweep.testing.faults import InjectFault
 
 RESULT_TIMEOUT_S = 600.0  # one call's requests; a hung generation thread fails the call instead of the cell's actor
-
-
-@dataclass(frozen=True)
-class PagedReading:
-    """What the pool held during one call, and how the manager ran."""
-
-    pool: PagedPool
-    usable_blocks: int  # pages the pool really holds (whole sectors)
-    peak_blocks: int  # pages in use at the fullest moment of the call
-    block_bytes: int  # one page of every layer's K and V
-    attention: str  # the attention implementation continuous batching ran
-
-    @property
-    def in_use_bytes(self) -> int:
-        return self.peak_blocks * self.block_bytes
 
 
 class PagedSession(GenerateSession):

@@ -1,11 +1,11 @@
 """What a cell knows of its own process, each a small rule tested without Ray or a GPU.
 
-Whether an exception means OOM (the one place), whether a process was killed for host memory, when it started,
-how many torch threads it gets, and the host's preparation gate (`host_gate`, `GatedRun`: a file lock per Ray
-session and host, held exclusively by whatever prepares and shared by a measured phase, so nothing heavy starts
-on a CPU host while a cell there is measured). A forked cell that died by SIGKILL is a host OOM when its cgroup's
-`oom_kill` counter rose meanwhile (v2 `memory.events`, v1 `memory.oom_control`). NVML does not survive a fork and
-the template's forkserver initialised it, so a forked cell shuts it down and starts it afresh (`restart_nvml`).
+Whether a process was killed for host memory, when it started, and the host's preparation gate (`host_gate`,
+`GatedRun`: a file lock per Ray session and host, held exclusively by whatever prepares and shared by a measured
+phase, so nothing heavy starts on a CPU host while a cell there is measured). A forked cell that died by SIGKILL is
+a host OOM when its cgroup's `oom_kill` counter rose meanwhile (v2 `memory.events`, v1 `memory.oom_control`). NVML
+does not survive a fork and the template's forkserver initialised it, so a forked cell shuts it down and starts it
+afresh (`restart_nvml`).
 """
 
 import contextlib
@@ -15,30 +15,11 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
-def out_of_memory(exc: BaseException, device: str) -> str | None:
-    """Which memory ran out ("device" or "host"), or None: the one place an exception is read as OOM.
-
-    torch raises `OutOfMemoryError` for CUDA; other allocators (the CPU's, some CUDA paths inside
-    extensions) raise a plain `RuntimeError` whose message is the only sign. Python's `MemoryError` is
-    its own allocator's failure, always in host memory (a CPU cell's data-segment limit raises it too).
-    """
-    import torch  # here, not above: the driver plans with this module's thread rule and never loads torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "device"
-    if isinstance(exc, MemoryError):
-        return "host"
-    message = str(exc).lower()
-    if isinstance(exc, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message):
-        return "device" if device == "cuda" else "host"
-    return None
-
-
+NO_RESULT = "no_result"  # a forked process's answer without a result: {NO_RESULT: why}
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's switch: device checks by NVML, no CUDA started
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -80,33 +61,6 @@ def process_started_at() -> float:
         return time.time() - age
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
-
-
-@dataclass(frozen=True)
-class Threads:
-    """torch's intra-op thread count for a cell, and which setting decided it (recorded with the result)."""
-
-    count: int
-    source: str  # measure.threads, ray.cpus_per_cell, OMP_NUM_THREADS or cpu affinity
-
-
-def resolve_threads(
-    device: str, requested: int, cpus_per_cell: int, omp_num_threads: str | None, allowed_cpus: int
-) -> Threads:
-    """How many threads a cell computes with; `measure.threads` > 0 is taken as it is.
-
-    Auto (0): a CPU cell uses every core it may run on (`allowed_cpus`): the CPU is what it measures, one cell at
-    a time. A CUDA cell's CPU work is launching kernels beside the node's other cells: it uses the CPUs Ray
-    reserved (`cpus_per_cell`, else Ray's `OMP_NUM_THREADS`), at most `allowed_cpus`; outside Ray, every one.
-    """
-    if requested > 0:
-        return Threads(requested, "measure.threads")
-    if device == "cuda":
-        if cpus_per_cell > 0:
-            return Threads(min(cpus_per_cell, allowed_cpus), "ray.cpus_per_cell")
-        if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
-            return Threads(min(int(omp_num_threads), allowed_cpus), "OMP_NUM_THREADS")
-    return Threads(allowed_cpus, "cpu affinity")
 
 
 RESTARTED = "restarted"

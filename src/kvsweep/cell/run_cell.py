@@ -25,16 +25,17 @@ from kvsweep.cell.checks import (
     check_no_recapture,
     quality_or_nothing,
 )
+from kvsweep.cell.cpu_slots import resolve_threads
 from kvsweep.cell.environment import describe_device, describe_host, recorded_gpu_uuids, start_device
 from kvsweep.cell.generate_session import GenerateSession
 from kvsweep.cell.memory_limit import memory_limit
 from kvsweep.cell.model_load import Loaded, fetched_source, load_cell_model, placement_record
 from kvsweep.cell.paged_session import PagedSession
-from kvsweep.cell.process import out_of_memory, resolve_threads
 from kvsweep.cell.request import CellRequest
 from kvsweep.cell.result_parts import energy_found, noise_found, numbers_found, quality_found, write_part
 from kvsweep.cell.workload_cell import measure_workload
 from kvsweep.cell.workload_text import encode_requests, score_answers
+from kvsweep.errors import out_of_memory
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION
 from kvsweep.inputs.spec import RANDOM
 from kvsweep.measure.bandwidth import Bandwidth, device_bandwidth
@@ -46,8 +47,8 @@ from kvsweep.measure.phase_meters import PhaseMeters, compile_events, cudagraph_
 from kvsweep.models.gguf_source import weights_origin
 from kvsweep.models.quantize_weights import prequantized_label, stored_bytes
 from kvsweep.models.resolve import classify, load_tokenizer
+from kvsweep.models.sharding import layers_text
 from kvsweep.names import INPUTS_SHA256_PARAM, Metric, ResultTag
-from kvsweep.plan.sharding import layers_text
 from kvsweep.results import ERROR, OK, OOM, SKIPPED, CellResult
 from kvsweep.testing.faults import cuda_init_for, fault_for
 

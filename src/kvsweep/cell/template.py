@@ -20,13 +20,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvsweep.cell.cpu_slots import CpuGrant, CpuSlots, read_places
+from kvsweep.cell.process import NO_RESULT, NVML_CHECK
 
 FORKED_MODULE = "kvsweep.cell.forked"
 POLL_S = 0.2
 # The key of the answer a forked process sends in place of a result it could not build or send (an
 # unreadable request, an exception whose error result itself failed): the message saying why.
-NO_RESULT = "no_result"
-NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # torch's switch: device checks by NVML, no CUDA started
 
 
 class TemplateError(RuntimeError):

@@ -53,6 +53,7 @@ def sweep_dirs() -> list[Path]:
 
 PRIMARY = "kvsweep"
 DEFAULT_SWEEP = "quickstart"
+CUSTOM_SUFFIX = "-custom"  # a sweep's name once its grid was changed on the command line (`own_grid_name`)
 MEASURE_GROUP = "measure"  # the config group of measure presets (conf/measure/)
 SWEEP_PRESET_PREFIX = "sweep_"  # a sweep file's own `measure:` keys, as a preset (`_measure_keys_as_preset`)
 
@@ -120,6 +121,15 @@ def check_sweep_choice(overrides: list[str], sweeps: list[str]) -> None:
             raise ConfigError(f"+sweep={name}: unknown sweep; {hint}available: {', '.join(sorted(set(sweeps)))}")
 
 
+def own_grid_name(name: str, given: list[str]) -> str | None:
+    """A sweep whose grid or workload the command line changed measures something its file does not describe:
+    `quickstart` given other caches is named `quickstart-custom` (the report's title, the parent run, the
+    selection), unless `name=` was given too. None: the name stands."""
+    if "name" in given or not any(key.split(".")[0] in ("grid", "workload") for key in given):
+        return None
+    return f"{name}{CUSTOM_SUFFIX}"
+
+
 @dataclasses.dataclass
 class Composed:
     config: KvSweepConfig  # the schema's typed objects, resolved and validated: what every stage reads
@@ -160,6 +170,8 @@ def compose_config(overrides: list[str]) -> Composed:
                 plain[section].update(values)
                 for key, value in values.items():
                     cfg[section][key] = value
+            if (renamed := own_grid_name(plain["name"], given)) is not None:
+                plain["name"] = cfg["name"] = renamed
             validate(plain, given=given)
             typed = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:

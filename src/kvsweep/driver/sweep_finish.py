@@ -13,17 +13,32 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kvsweep.config.schema import KvSweepConfig
 from kvsweep.names import CAPACITY_CSV, PARETO_CSV, REPORT_DIR, TASK_JSONL
 from kvsweep.redact import redact_uri
 from kvsweep.report.report_files import write_results_json, write_tables
-from kvsweep.results import RESULT_STATUSES
+from kvsweep.results import RESULT_STATUSES, CellResult
 
 if TYPE_CHECKING:
-    from kvsweep.driver.sweep import Sweep
+    from kvsweep.driver.progress import SweepProgress
+    from kvsweep.driver.sweep_tracking import Tracking
     from kvsweep.report.report_files import Report
     from kvsweep.report.selection import Decision
+
+
+class Sweep(Protocol):
+    """What the end reads of the sweep that ran (`driver.sweep.Sweep`)."""
+
+    cfg: KvSweepConfig
+    run_dir: Path
+    tracking: "Tracking"
+    results: list[CellResult]
+    progress: "SweepProgress"
+    tracking_uri: str
+
+    def say(self, line: str) -> None: ...
 
 
 def finish(sweep: "Sweep") -> int:

@@ -3,7 +3,7 @@
 Presets get seeded random weights without transformers' default init (which walks every module with slow
 per-layer initialisers): created straight on the target device with init skipped, then one fast seeded draw.
 
-Over several GPUs (docs/cluster.md): `plan/sharding.py` picks each GPU's decoder layers; this module turns that
+Over several GPUs (docs/cluster.md): `models/sharding.py` picks each GPU's decoder layers; this module turns that
 into a device map over the model's own module names (the decoder's layer list found by its length) and loads it: a
 checkpoint through `from_pretrained(device_map=...)`, a preset by creating each weight on its GPU (a 70B preset
 never passes through host memory) and dispatching it with Accelerate's hooks, which move the hidden state between
@@ -23,9 +23,9 @@ from transformers.initialization import no_init_weights
 from kvsweep.models.gguf_source import dequantizing
 from kvsweep.models.quantize_weights import quantization_config, quantize_built_model
 from kvsweep.models.resolve import ModelRef, load_config, meta_model, pretrained_args
+from kvsweep.models.sharding import GpuLoad
 from kvsweep.models.weight_layout import decoder_layers
 from kvsweep.models.weight_schemes import WeightScheme, weight_scheme
-from kvsweep.plan.sharding import GpuLoad
 from kvsweep.units import DTYPE_BYTES
 
 INIT_STD = 0.02

@@ -3,7 +3,7 @@
 peak = weights + the KV cache as the strategy keeps it on the device + a working-set allowance. Weights and KV are
 exact arithmetic (tested against a built model's parameter bytes and measured `kv_cache_bytes`); the working set
 allows for prefill activations, the last token's logits, and the per-layer K/V copies that concatenation and
-dequantization make. A cell over several GPUs is predicted GPU by GPU as `plan/sharding.py` splits it; its peak is
+dequantization make. A cell over several GPUs is predicted GPU by GPU as `models/sharding.py` splits it; its peak is
 the largest GPU's.
 """
 
@@ -16,10 +16,10 @@ from kvsweep.caches.layer_tokens import layer_state_bytes, layer_states, offload
 from kvsweep.caches.paged_pool import pool_for
 from kvsweep.grid import Cell
 from kvsweep.models.shape import KvShape
+from kvsweep.models.sharding import GpuLoad, LayerCosts, split_layers
 from kvsweep.models.weight_layout import Block, WeightLayout
 from kvsweep.models.weight_schemes import block_bytes, layout_bytes, weight_scheme
 from kvsweep.plan.kv_prediction import cell_device_kv_bytes
-from kvsweep.plan.sharding import GpuLoad, LayerCosts, split_layers
 from kvsweep.units import DTYPE_BYTES, GB
 
 # Memory the CUDA context and allocator take outside `max_memory_allocated`; kept free when fitting.

@@ -4,18 +4,18 @@ from dataclasses import asdict, dataclass, replace
 
 from kvsweep.config.schema import KvSweepConfig, MeasureConfig
 from kvsweep.errors import ConfigError
-from kvsweep.forecast.gpu_datasheet import gpu_by_key
+from kvsweep.gpu_datasheet import gpu_by_key
 from kvsweep.grid import NO_WEIGHT_QUANTIZATION, MeasureProtocol, expand_grid
 from kvsweep.inputs.spec import AUTO, TASKS, InputSpec
 from kvsweep.models.facts import ModelFacts, read_facts
 from kvsweep.models.gguf_source import gguf_weights_problem, is_gguf
 from kvsweep.models.presets import preset_for_hub
 from kvsweep.models.resolve import classify, hub_unreachable
+from kvsweep.models.sharding import GpuLoad, layers_text
 from kvsweep.names import Metric
 from kvsweep.plan.cell_plan import PlannedCell, plan_cell
 from kvsweep.plan.memory_fit import CUDA_CONTEXT_BYTES, detect_device_bytes
 from kvsweep.plan.offload import HostLimits, OffloadEstimate, host_limits
-from kvsweep.plan.sharding import GpuLoad, layers_text
 from kvsweep.plan.workload_cells import serving_problem, workload_cells
 from kvsweep.plan.workload_prompts import with_prompt_lengths
 from kvsweep.units import GB, MIB
