@@ -142,7 +142,8 @@ def run(quick: bool) -> Section:
         f"{MODEL}, {DTYPE}, context {CONTEXT}, {NEW} new tokens, batch {BATCH}, on {dev} with {threads} threads. "
         f"{pairs} interleaved pairs (ABBA order); each side of a pair is one cell: a warmup, then the median of "
         f"{repeats} calls. kvsweep's side is `run_cell` in this process (it builds its own model from the same "
-        "seed, makes a cold call, warms up, measures, as in a sweep's actor); the bare side is plain `generate` "
+        "seed, makes a cold call, warms up, measures, as in a sweep's actor, but without Ray's daemons beside it: "
+        "\"Fidelity inside a sweep\" below measures that setting); the bare side is plain `generate` "
         "on a model built once, with its own `perf_counter_ns` hook. Ratio = kvsweep ÷ bare of the medians over "
         "pairs; *paired* = median of the per-pair ratios; *min* = ratio of the best pair medians (the least "
         "disturbed, a robust view on a loaded machine).",
