@@ -159,7 +159,7 @@ def copying_rows(scheme: WeightScheme | None, device_kind: str, dtype: str) -> i
     - bitsandbytes NF4: one row runs `gemv_4bit` on the packed weights; more rows dequantize first.
     - bitsandbytes int8 and torchao int4: int8 and tinygemm kernels read what is stored.
     """
-    if scheme is None or scheme.backend in ("torchao",) or (scheme.backend == "bnb" and scheme.bits == 8):
+    if scheme is None or scheme.backend == "torchao" or (scheme.backend == "bnb" and scheme.bits == 8):
         return 0
     if scheme.backend == "bnb":
         return 2
